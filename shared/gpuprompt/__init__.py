@@ -1,0 +1,45 @@
+"""gpuprompt: the acceleration core behind the LangChain and LlamaIndex drop-in classes.
+
+Importing this package loads no torch, faiss or vLLM; each public name is imported on first use.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+__version__ = "0.1.0"
+
+if TYPE_CHECKING:
+    from gpuprompt.batching import BatcherStats, MicroBatcher
+    from gpuprompt.embedder import Embedder, EmbedderConfig, EmbedderStats, EmbeddingCache
+    from gpuprompt.runtime import Runtime, get_runtime, resolve_device
+
+_EXPORTS: dict[str, str] = {
+    "BatcherStats": "gpuprompt.batching",
+    "MicroBatcher": "gpuprompt.batching",
+    "Embedder": "gpuprompt.embedder",
+    "EmbedderConfig": "gpuprompt.embedder",
+    "EmbedderStats": "gpuprompt.embedder",
+    "EmbeddingCache": "gpuprompt.embedder",
+    "Runtime": "gpuprompt.runtime",
+    "get_runtime": "gpuprompt.runtime",
+    "resolve_device": "gpuprompt.runtime",
+}
+
+__all__ = sorted([*_EXPORTS, "__version__", "errors"])
+
+
+def __getattr__(name: str) -> Any:
+    if name == "errors":
+        return importlib.import_module("gpuprompt.errors")
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'gpuprompt' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return __all__

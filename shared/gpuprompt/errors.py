@@ -1,0 +1,127 @@
+"""The gpuprompt exception tree: every error the library raises on purpose.
+
+Each message says what was wrong, what was got, and how to fix it. The tree::
+
+    GPUPromptError
+    ├── InvalidInputError (ValueError)         bad argument to a call; nothing stored changed
+    │   ├── InputTypeError (TypeError)         an item of the wrong type (None, bytes, bare str, ...)
+    │   ├── DimensionMismatchError             vector of the wrong dimension
+    │   ├── FilterError                        malformed metadata filter (names the path in it)
+    │   └── ContextLengthError                 prompt longer than the model's context window
+    ├── ConfigurationError (ValueError)        bad constructor / config option
+    ├── DependencyError (ImportError)          optional package missing (names the install command)
+    ├── ModelLoadError                         a model could not be found, converted or loaded
+    ├── QueueFullError                         backpressure: a bounded queue is full, retry later
+    ├── ClosedError                            the batcher / engine / runtime was closed
+    ├── EngineError                            the inference backend failed
+    │   └── EngineDeadError                    the backend died; every pending request gets this
+    ├── DeviceOutOfMemoryError                 the accelerator ran out of memory, even after splitting
+    └── SnapshotError                          a saved snapshot is missing, truncated or tampered with
+
+Backend exceptions are mapped into this tree at the boundary, with ``raise ... from exc``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = [
+    "ClosedError",
+    "ConfigurationError",
+    "ContextLengthError",
+    "DependencyError",
+    "DeviceOutOfMemoryError",
+    "DimensionMismatchError",
+    "EngineDeadError",
+    "EngineError",
+    "FilterError",
+    "GPUPromptError",
+    "InputTypeError",
+    "InvalidInputError",
+    "ModelLoadError",
+    "QueueFullError",
+    "SnapshotError",
+    "describe",
+]
+
+
+def describe(value: Any) -> str:
+    """Render ``value`` for an error message: a short repr plus its type name."""
+    text = repr(value)
+    if len(text) > 80:
+        text = text[:77] + "..."
+    return f"{text} that is a {type(value).__name__}"
+
+
+class GPUPromptError(Exception):
+    """Base class of every error gpuprompt raises on purpose."""
+
+
+class InvalidInputError(GPUPromptError, ValueError):
+    """An argument to a call was invalid. Nothing already stored was changed."""
+
+
+class InputTypeError(InvalidInputError, TypeError):
+    """An argument (or one item of it) had the wrong type."""
+
+
+class DimensionMismatchError(InvalidInputError):
+    """A vector's dimension differs from the index's or model's dimension."""
+
+    def __init__(self, message: str, *, expected: int | None = None, got: int | None = None):
+        super().__init__(message)
+        self.expected = expected
+        self.got = got
+
+
+class FilterError(InvalidInputError):
+    """A metadata filter is malformed; ``path`` says where inside the filter."""
+
+    def __init__(self, message: str, *, path: str = "$"):
+        super().__init__(f"{message} (at filter path {path})")
+        self.path = path
+
+
+class ContextLengthError(InvalidInputError):
+    """A prompt does not fit in the model's context window."""
+
+    def __init__(self, message: str, *, prompt_tokens: int, max_context: int):
+        super().__init__(message)
+        self.prompt_tokens = prompt_tokens
+        self.max_context = max_context
+
+
+class ConfigurationError(GPUPromptError, ValueError):
+    """A constructor argument or configuration value is invalid."""
+
+
+class DependencyError(GPUPromptError, ImportError):
+    """An optional dependency is missing; the message names the install command."""
+
+
+class ModelLoadError(GPUPromptError):
+    """A model could not be located, converted or loaded."""
+
+
+class QueueFullError(GPUPromptError):
+    """A bounded request queue is full. Retry later or raise ``max_queue``."""
+
+
+class ClosedError(GPUPromptError):
+    """The component was closed; no new work is accepted and pending work is failed."""
+
+
+class EngineError(GPUPromptError):
+    """The inference backend failed while serving a request."""
+
+
+class EngineDeadError(EngineError):
+    """The inference backend died; it cannot serve further requests."""
+
+
+class DeviceOutOfMemoryError(GPUPromptError, MemoryError):
+    """The accelerator ran out of memory even for the smallest batch."""
+
+
+class SnapshotError(GPUPromptError):
+    """A persisted snapshot is missing, truncated, tampered with or of another format."""

