@@ -1,0 +1,134 @@
+"""GPUPromptEmbedding: a LlamaIndex ``BaseEmbedding`` over the shared, batched gpuprompt Embedder.
+
+Every call, sync or async, goes through the core Embedder's one batch queue, so the query
+embeddings of many concurrent ``aquery`` calls are computed together in one forward pass.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from llama_index.core.base.embeddings.base import BaseEmbedding, Embedding
+from llama_index.core.bridge.pydantic import ConfigDict, Field, PrivateAttr
+
+from gpuprompt.errors import ConfigurationError, InputTypeError, describe
+from gpuprompt.models import BUNDLED_EMBEDDING_MODEL
+
+if TYPE_CHECKING:
+    from gpuprompt.embedder import Embedder
+
+__all__ = ["GPUPromptEmbedding"]
+
+
+class GPUPromptEmbedding(BaseEmbedding):
+    """LlamaIndex embedding model backed by gpuprompt's batched, device-cached Embedder.
+
+    Concurrent callers share one batch queue (and one loaded model per process, shared with the
+    LangChain classes); texts already embedded come from the device cache without running the
+    model. Async methods await the core directly: no thread per call, no blocking of the loop.
+
+    Setup:
+        ``pip install 'gpuprompt[llamaindex]'``; the bundled all-MiniLM-L6-v2 works offline.
+
+    Example:
+        >>> from llamaindex_gpuprompt import GPUPromptEmbedding
+        >>> embed = GPUPromptEmbedding()                 # loads nothing yet
+        >>> len(embed.get_query_embedding("red summer dress"))
+        384
+        >>> vectors = await embed.aget_text_embedding_batch(["a", "b"])   # in an async function
+
+    Args:
+        model_name: a local sentence-transformers folder, a hub id available offline, or the
+            default (the bundled all-MiniLM-L6-v2).
+        embedder: an already built :class:`gpuprompt.Embedder` to use instead of the runtime's
+            shared one (then ``device``, ``normalize`` and ``embedder_options`` are ignored).
+        **kwargs: the fields below and those of ``BaseEmbedding``.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    model_name: str = Field(
+        default=BUNDLED_EMBEDDING_MODEL,
+        description="A local sentence-transformers folder or a hub id; the default is the bundled model.",
+    )
+    device: str = Field(default="auto", description="'auto' (cuda > mps > cpu), 'cpu', 'cuda', 'cuda:N' or 'mps'.")
+    normalize: bool = Field(default=True, description="L2-normalise embeddings (inner product = cosine).")
+    query_instruction: str | None = Field(
+        default=None, description="Text prepended to every query (for instruction-tuned models such as e5 or bge)."
+    )
+    text_instruction: str | None = Field(default=None, description="Text prepended to every document text.")
+    embedder_options: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Other gpuprompt.EmbedderConfig fields: batch_size, max_wait_ms, cache_size, dtype, ...",
+    )
+    # The core batches across calls; a large framework chunk only lets it sort more texts by length.
+    embed_batch_size: int = Field(default=512, gt=0, le=2048, description="Texts per framework chunk.")
+
+    _embedder: Embedder | None = PrivateAttr(default=None)
+
+    def __init__(self, model_name: str = BUNDLED_EMBEDDING_MODEL, *, embedder: Embedder | None = None, **kwargs: Any):
+        if embedder is not None:
+            from gpuprompt.embedder import Embedder
+
+            if not isinstance(embedder, Embedder):
+                raise ConfigurationError(f"'embedder' must be a gpuprompt.Embedder or None (got {describe(embedder)}).")
+            model_name = embedder.model_id
+        super().__init__(model_name=model_name, **kwargs)
+        self._embedder = embedder
+
+    @classmethod
+    def class_name(cls) -> str:
+        return "GPUPromptEmbedding"
+
+    def __repr__(self) -> str:
+        return f"GPUPromptEmbedding(model_name={self.model_name!r}, device={self.device!r})"
+
+    # ------------------------------------------------------------------ the core object
+    @property
+    def embedder(self) -> Embedder:
+        """The core Embedder (the runtime's shared instance for this config, obtained on first use)."""
+        if self._embedder is None:
+            from gpuprompt import get_runtime
+
+            model = None if self.model_name == BUNDLED_EMBEDDING_MODEL else self.model_name
+            self._embedder = get_runtime().embedder(
+                model, device=self.device, normalize=self.normalize, **self.embedder_options
+            )
+        return self._embedder
+
+    def _queries(self, query: Any) -> list[str]:
+        if not isinstance(query, str):
+            raise InputTypeError(f"'query' must be a str (got {describe(query)}).")
+        return [self.query_instruction + query if self.query_instruction else query]
+
+    def _texts(self, texts: Any, name: str = "texts") -> list[str]:
+        if isinstance(texts, str) or not isinstance(texts, (list, tuple)):
+            raise InputTypeError(f"'{name}' must be a list of str (got {describe(texts)}).")
+        for index, text in enumerate(texts):
+            if not isinstance(text, str):
+                raise InputTypeError(f"'{name}[{index}]' must be a str (got {describe(text)}).")
+        prefix = self.text_instruction
+        return [prefix + text for text in texts] if prefix else list(texts)
+
+    # ------------------------------------------------------------------ BaseEmbedding hooks
+    def _get_query_embedding(self, query: str) -> Embedding:
+        return self.embedder.embed(self._queries(query))[0].tolist()
+
+    async def _aget_query_embedding(self, query: str) -> Embedding:
+        return (await self.embedder.aembed(self._queries(query)))[0].tolist()
+
+    def _get_text_embedding(self, text: str) -> Embedding:
+        if not isinstance(text, str):
+            raise InputTypeError(f"'text' must be a str (got {describe(text)}).")
+        return self.embedder.embed(self._texts([text]))[0].tolist()
+
+    async def _aget_text_embedding(self, text: str) -> Embedding:
+        if not isinstance(text, str):
+            raise InputTypeError(f"'text' must be a str (got {describe(text)}).")
+        return (await self.embedder.aembed(self._texts([text])))[0].tolist()
+
+    def _get_text_embeddings(self, texts: list[str]) -> list[Embedding]:
+        return self.embedder.embed(self._texts(texts)).tolist()
+
+    async def _aget_text_embeddings(self, texts: list[str]) -> list[Embedding]:
+        return (await self.embedder.aembed(self._texts(texts))).tolist()
