@@ -12,6 +12,7 @@ __version__ = "0.1.0"
 
 if TYPE_CHECKING:
     from gpuprompt.batching import BatcherStats, MicroBatcher
+    from gpuprompt.context import ContextCache, ContextStats, Turn
     from gpuprompt.embedder import Embedder, EmbedderConfig, EmbedderStats, EmbeddingCache
     from gpuprompt.runtime import Runtime, get_runtime, resolve_device
 
@@ -22,6 +23,9 @@ _EXPORTS: dict[str, str] = {
     "EmbedderConfig": "gpuprompt.embedder",
     "EmbedderStats": "gpuprompt.embedder",
     "EmbeddingCache": "gpuprompt.embedder",
+    "ContextCache": "gpuprompt.context",
+    "ContextStats": "gpuprompt.context",
+    "Turn": "gpuprompt.context",
     "Runtime": "gpuprompt.runtime",
     "get_runtime": "gpuprompt.runtime",
     "resolve_device": "gpuprompt.runtime",

@@ -203,6 +203,8 @@ class EmbeddingCache:
         if self.capacity == 0 or not keys:
             return
         with self._lock:
+            # A call with more new rows than the whole cache keeps its last `capacity` rows.
+            self.evictions += max(0, len(keys) - self.capacity)
             slots: list[int] = []
             rows_kept: list[int] = []
             for i, key in enumerate(keys[-self.capacity :]):
@@ -545,7 +547,13 @@ class Embedder:
         if not texts:
             return await asyncio.to_thread(self.embed_tensor, [])
         if len(texts) > _ASYNC_INLINE_LIMIT:
-            plan = await asyncio.to_thread(self._prepare, texts, priority)
+            preparing = asyncio.ensure_future(asyncio.to_thread(self._prepare, texts, priority))
+            try:
+                plan = await asyncio.shield(preparing)
+            except asyncio.CancelledError:
+                # The thread finishes preparing anyway: cancel what it queued as soon as it is done.
+                preparing.add_done_callback(_cancel_plan)
+                raise
         else:
             plan = self._prepare(texts, priority)
         waiting = [asyncio.wrap_future(future) for future in plan.futures]
@@ -595,3 +603,10 @@ class Embedder:
             self._model = None
         if batcher is not None:
             batcher.close()
+
+
+def _cancel_plan(preparing: asyncio.Future) -> None:
+    if preparing.cancelled() or preparing.exception() is not None:
+        return
+    for future in preparing.result().futures:
+        future.cancel()
