@@ -83,8 +83,10 @@ class MicroBatcher(Generic[T, R]):
     """Groups concurrent single-item requests into batched calls of ``fn``.
 
     Dispatch policy: when the worker is idle, a new item is dispatched at once (a lone caller pays
-    no wait). While a batch runs, new items queue; when the worker frees up it takes what is queued,
-    waiting at most until the oldest queued item is ``max_wait_ms`` old for the batch to fill.
+    no wait). While a batch runs, new items queue; when the worker frees up it lets the next batch
+    fill for at most ``max_wait_ms``, so callers just served can resubmit into it; it stops waiting
+    early once as many items are queued as were queued plus just served (so a lone sequential
+    caller never waits), or the batch is full. If nothing arrives in the window it is idle again.
     A batch holds at most ``max_batch_size`` items and, when ``cost`` is given, at most
     ``max_batch_cost`` total cost (a single item larger than the budget still runs, alone).
     Lower ``priority`` runs first; FIFO within a priority.
@@ -276,37 +278,43 @@ class MicroBatcher(Generic[T, R]):
         return batch
 
     def _run(self) -> None:
-        was_busy = False
+        freed_at: float | None = None  # when the last batch ended; None while idle
+        expected = 0  # items we know of: those queued when the worker freed + those just served
         while True:
             with self._cond:
-                while self._live == 0 and not self._closed:
+                while not self._closed:
+                    if (
+                        freed_at is not None
+                        and self._max_wait > 0
+                        and self._live < expected
+                        and not self._full()
+                    ):
+                        # Under load: the callers just served are about to resubmit; let the next
+                        # batch fill for up to max_wait after the worker freed up, or until every
+                        # caller we know of is back (a lone sequential caller never waits).
+                        remaining = freed_at + self._max_wait - time.perf_counter()
+                        if remaining > 0:
+                            self._cond.wait(remaining)
+                            continue
+                    if self._live > 0:
+                        break
+                    freed_at = None  # nothing came within the window: idle, next item goes at once
                     self._busy = False
-                    was_busy = False
                     self._cond.wait()
                 if self._closed:
                     return
-                if was_busy and self._max_wait > 0:
-                    # Under load: let the batch fill until the oldest item has waited max_wait.
-                    while not self._closed and not self._full():
-                        oldest = self._oldest_live()
-                        if oldest is None:
-                            break
-                        remaining = oldest.enqueued_at + self._max_wait - time.perf_counter()
-                        if remaining <= 0:
-                            break
-                        self._cond.wait(remaining)
-                    if self._closed:
-                        return
                 batch = self._take()
                 self._busy = bool(batch)
             if not batch:
                 continue
-            was_busy = True
             try:
                 self._dispatch(batch)
             except BaseException as exc:  # the worker must never die with futures pending
                 logger.exception("MicroBatcher %r worker error", self.name)
                 self._fail(batch, exc)
+            freed_at = time.perf_counter()
+            with self._cond:
+                expected = min(self.max_batch_size, self._live + len(batch))
 
     def _dispatch(self, batch: list[_Entry[T]]) -> None:
         started = time.perf_counter()

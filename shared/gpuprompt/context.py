@@ -78,11 +78,12 @@ class ContextCache:
     Example:
         >>> from gpuprompt import ContextCache
         >>> memory = ContextCache()
-        >>> memory.append("s1", "user", "I want a red dress in cotton.")
-        >>> memory.append("s1", "assistant", "The Aurora dress is 100% cotton, 49 EUR.")
-        >>> memory.append("s1", "user", "Do you ship to Norway?")
+        >>> memory.extend("s1", [("user", "I want a red dress in cotton."),
+        ...                      ("assistant", "The Aurora dress is 100% cotton, 49 EUR."),
+        ...                      ("user", "Do you ship to Norway?")])
+        [...]
         >>> [t.text for t in memory.window("s1", query="will the dress shrink?", max_turns=2)]
-        ['The Aurora dress is 100% cotton, 49 EUR.', 'Do you ship to Norway?']
+        ['I want a red dress in cotton.', 'Do you ship to Norway?']
 
     Args:
         embedder: the embedder for turns and queries (default: the runtime's shared embedder).

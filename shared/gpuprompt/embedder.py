@@ -67,7 +67,7 @@ class EmbedderConfig:
     dtype: str | None = None
     batch_size: int = 64
     max_batch_tokens: int = 16_384
-    max_wait_ms: float = 2.0
+    max_wait_ms: float = 5.0
     max_queue: int = 100_000
     cache_size: int = 50_000
     show_progress: bool = False
@@ -248,6 +248,32 @@ class EmbeddingCache:
 class _Item:
     text: str
     tokens: int
+    key: bytes
+
+
+class _TokenCounter:
+    """Counts tokens (special tokens included, no truncation) with a private tokenizer copy.
+
+    The worker thread tokenises with the model's own tokenizer; a fast tokenizer is not safe to
+    share between threads, so callers count with this copy (under the Embedder's lock).
+    """
+
+    def __init__(self, tokenizer: Any) -> None:
+        backend = getattr(tokenizer, "backend_tokenizer", None)
+        if backend is not None:
+            self._backend = copy.deepcopy(backend)
+            self._backend.no_truncation()
+            self._backend.no_padding()
+            self._tokenizer = None
+        else:
+            self._backend = None
+            self._tokenizer = copy.deepcopy(tokenizer)
+
+    def __call__(self, texts: list[str]) -> list[int]:
+        if self._backend is not None:
+            return [len(encoding.ids) for encoding in self._backend.encode_batch(texts, add_special_tokens=True)]
+        encoded = self._tokenizer(texts, add_special_tokens=True, truncation=False, verbose=False)["input_ids"]
+        return [len(ids) for ids in encoded]
 
 
 @dataclass
@@ -373,7 +399,7 @@ class Embedder:
             self._device = device
             self._dim = int(dim)
             self._max_length = int(model.max_seq_length or 512)
-            self._counter = copy.deepcopy(model.tokenizer)
+            self._counter = _TokenCounter(model.tokenizer)
             self._cache = EmbeddingCache(self._dim, self.config.cache_size, device)
             self._batcher = MicroBatcher(
                 self._run_batch,
@@ -401,6 +427,9 @@ class Embedder:
                 if self.config.normalize:
                     out = torch.nn.functional.normalize(out, p=2, dim=1)
                 out = out.float()
+            if self._cache is not None:
+                # One cache write per batch, on the worker, instead of one per caller.
+                self._cache.put([item.key for item in items], out)
         except torch.cuda.OutOfMemoryError as exc:
             # The MicroBatcher bisects a failing batch, so this retries with half the texts.
             torch.cuda.empty_cache()
@@ -421,8 +450,7 @@ class Embedder:
         # The worker thread tokenises with the model's tokenizer; callers count with a private copy
         # (a fast tokenizer is not safe to share between threads that change its settings).
         with self._counter_lock:
-            encoded = self._counter(texts, add_special_tokens=True, truncation=False, verbose=False)["input_ids"]
-        return [len(ids) for ids in encoded]
+            return self._counter(texts)
 
     def _prepare(self, texts: list[str], priority: int) -> _Plan:
         batcher, cache = self._batcher, self._cache
@@ -445,7 +473,7 @@ class Embedder:
             # Length-sorted submission: bulk calls form batches of similar length (less padding).
             order = sorted(range(len(miss_texts)), key=lambda i: -cost[i])
             sorted_futures = batcher.submit_many(
-                [_Item(miss_texts[i], cost[i]) for i in order], priority=priority
+                [_Item(miss_texts[i], cost[i], miss_keys[i]) for i in order], priority=priority
             )
             futures = [None] * len(order)  # type: ignore[list-item]
             for slot, i in enumerate(order):
@@ -463,15 +491,15 @@ class Embedder:
     def _assemble(self, plan: _Plan, rows: list[Any]) -> torch.Tensor:
         import torch
 
-        keys, hit_rows, hit_positions, miss_keys = plan.keys, plan.hit_rows, plan.hit_positions, plan.miss_keys
+        keys, hit_positions = plan.keys, plan.hit_positions
+        if not hit_positions and len(rows) == len(keys):
+            return torch.stack(rows)  # the common case: every text new and distinct
         out = torch.empty((len(keys), self._dim), dtype=torch.float32, device=self._device)
         if hit_positions:
-            out[torch.tensor(hit_positions, dtype=torch.long, device=self._device)] = hit_rows
+            out[torch.tensor(hit_positions, dtype=torch.long, device=self._device)] = plan.hit_rows
         if rows:
             computed = torch.stack(rows)
-            assert self._cache is not None
-            self._cache.put(miss_keys, computed)
-            where = {key: i for i, key in enumerate(miss_keys)}
+            where = {key: i for i, key in enumerate(plan.miss_keys)}
             hit_set = set(hit_positions)
             positions = [p for p in range(len(keys)) if p not in hit_set]
             source = [where[keys[p]] for p in positions]

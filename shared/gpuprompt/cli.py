@@ -1,0 +1,97 @@
+"""The ``gpuprompt`` command: ``demo``, ``bench`` and (with the server extra) ``serve``."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from pathlib import Path
+
+__all__ = ["main"]
+
+
+def _bench(args: argparse.Namespace) -> int:
+    from gpuprompt.bench import BenchContext, run_scenario, scenarios
+
+    table = scenarios()
+    if args.scenario == "list":
+        for name, item in sorted(table.items()):
+            print(f"{name:22s} {item.description}")
+        return 0
+    names = sorted(table) if args.scenario == "all" else [args.scenario]
+    unknown = [n for n in names if n not in table]
+    if unknown:
+        print(f"unknown scenario {unknown[0]!r}; choose from: {', '.join(sorted(table))}, all, list", file=sys.stderr)
+        return 2
+    ctx = BenchContext(quick=args.quick, runs=args.runs, out_dir=Path(args.out))
+    failed = []
+    for name in names:
+        print(f"== {name} ({'quick, ' if args.quick else ''}median of {args.runs} runs)", flush=True)
+        result = run_scenario(name, ctx)
+        width = max(len(k) for k in result.metrics)
+        for key, value in result.metrics.items():
+            print(f"   {key:{width}s}  {value:12.3f}")
+        verdict = "MET" if result.goal_met else "NOT MET"
+        print(f"   goal: {result.goal} -> {verdict}")
+        if result.notes:
+            print(f"   note: {result.notes}")
+        print(f"   wrote {ctx.out_dir / (name + '.json')}", flush=True)
+        if not result.goal_met:
+            failed.append(name)
+    if failed:
+        print(f"goals not met: {', '.join(failed)}")
+    return 0
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from gpuprompt.demo import run_demo
+
+    return run_demo(products=args.products, customers=args.customers)
+
+
+def _serve(args: argparse.Namespace) -> int:
+    try:
+        from gpuprompt.server import serve
+    except ImportError as exc:
+        print(f"the server needs the 'server' extra: pip install 'gpuprompt[server]' ({exc})", file=sys.stderr)
+        return 2
+    return serve(host=args.host, port=args.port, api_key=args.api_key)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of the ``gpuprompt`` command."""
+    parser = argparse.ArgumentParser(prog="gpuprompt", description=__doc__)
+    parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    demo = sub.add_parser("demo", help="e-commerce support RAG demo on the bundled models")
+    demo.add_argument("--products", type=int, default=2000, help="catalogue size (default 2000)")
+    demo.add_argument("--customers", type=int, default=32, help="concurrent customers in the burst (default 32)")
+    demo.set_defaults(func=_demo)
+
+    bench = sub.add_parser("bench", help="measure a scenario against the stock classes (JSON + PNG)")
+    bench.add_argument("scenario", help="a scenario name, 'all', or 'list'")
+    bench.add_argument("--quick", action="store_true", help="smaller, faster variant")
+    bench.add_argument("--runs", type=int, default=3, help="repeats; medians are reported (default 3)")
+    bench.add_argument("--out", default="bench-results", help="output folder (default bench-results)")
+    bench.set_defaults(func=_bench)
+
+    serve = sub.add_parser("serve", help="OpenAI-compatible HTTP server over the batched core")
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument("--api-key", default=os.environ.get("GPUPROMPT_API_KEY"))
+    serve.set_defaults(func=_serve)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``gpuprompt`` command."""
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    return int(args.func(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
