@@ -12,36 +12,59 @@ __all__ = ["main"]
 
 
 def _bench(args: argparse.Namespace) -> int:
-    from gpuprompt.bench import BenchContext, run_scenario, scenarios
+    from gpuprompt.bench import BenchContext, ScenarioResult, run_scenario, scenarios, write_summary
+    from gpuprompt.bench._registry import environment
 
     table = scenarios()
     if args.scenario == "list":
         for name, item in sorted(table.items()):
             print(f"{name:22s} {item.description}")
         return 0
-    names = sorted(table) if args.scenario == "all" else [args.scenario]
+    if args.scenario == "all":
+        # gpu-smoke only says something on a CUDA machine; elsewhere it is left out of "all".
+        names = [n for n in sorted(table) if n != "gpu-smoke" or _has_cuda()]
+    else:
+        names = [args.scenario]
     unknown = [n for n in names if n not in table]
     if unknown:
         print(f"unknown scenario {unknown[0]!r}; choose from: {', '.join(sorted(table))}, all, list", file=sys.stderr)
         return 2
     ctx = BenchContext(quick=args.quick, runs=args.runs, out_dir=Path(args.out))
-    failed = []
+    env = environment()
+    print("environment: " + ", ".join(f"{k}={v}" for k, v in env.items()), flush=True)
+    results: dict[str, ScenarioResult] = {}
+    errors: dict[str, str] = {}
     for name in names:
         print(f"== {name} ({'quick, ' if args.quick else ''}median of {args.runs} runs)", flush=True)
-        result = run_scenario(name, ctx)
+        try:
+            result = run_scenario(name, ctx)
+        except Exception as exc:  # one broken scenario must not hide the others' figures
+            logging.getLogger("gpuprompt.bench").exception("scenario %s failed", name)
+            errors[name] = f"{type(exc).__name__}: {exc}"
+            print(f"   FAILED: {errors[name]}", flush=True)
+            continue
+        results[name] = result
         width = max(len(k) for k in result.metrics)
         for key, value in result.metrics.items():
             print(f"   {key:{width}s}  {value:12.3f}")
-        verdict = "MET" if result.goal_met else "NOT MET"
-        print(f"   goal: {result.goal} -> {verdict}")
+        if result.ratio is not None:
+            print(f"   headline: {result.ratio:.2f}x {result.ratio_label}")
+        print(f"   goal: {result.goal} -> {'MET' if result.goal_met else 'NOT MET'}")
         if result.notes:
             print(f"   note: {result.notes}")
         print(f"   wrote {ctx.out_dir / (name + '.json')}", flush=True)
-        if not result.goal_met:
-            failed.append(name)
-    if failed:
-        print(f"goals not met: {', '.join(failed)}")
-    return 0
+    if len(names) > 1 and results:
+        print(f"summary: {write_summary(results, ctx)}")
+    missed = [n for n, r in results.items() if not r.goal_met]
+    if missed:
+        print(f"goals not met: {', '.join(missed)}")
+    return 1 if errors else 0
+
+
+def _has_cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
 
 
 def _demo(args: argparse.Namespace) -> int:

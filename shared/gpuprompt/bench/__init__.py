@@ -8,9 +8,18 @@ from __future__ import annotations
 import importlib
 import logging
 
-from gpuprompt.bench._registry import BenchContext, Chart, Scenario, ScenarioResult, run_scenario, scenario, scenarios
+from gpuprompt.bench._registry import (
+    BenchContext,
+    Chart,
+    Scenario,
+    ScenarioResult,
+    run_scenario,
+    scenario,
+    scenarios,
+    write_summary,
+)
 
-__all__ = ["BenchContext", "Chart", "Scenario", "ScenarioResult", "run_scenario", "scenario", "scenarios"]
+__all__ = ["BenchContext", "Chart", "Scenario", "ScenarioResult", "run_scenario", "scenario", "scenarios", "write_summary"]
 
 logger = logging.getLogger(__name__)
 
@@ -18,6 +27,7 @@ logger = logging.getLogger(__name__)
 # skipped with a warning (its scenarios are then not listed).
 _MODULES = [
     "gpuprompt.bench.embed",
+    "gpuprompt.bench.gpu",
     "gpuprompt.bench.search",
     "gpuprompt.bench.llm",
     "gpuprompt.bench.wrappers",

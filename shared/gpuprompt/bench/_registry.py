@@ -18,7 +18,16 @@ from typing import Any
 
 from gpuprompt.errors import ConfigurationError
 
-__all__ = ["BenchContext", "Chart", "ScenarioResult", "Scenario", "run_scenario", "scenario", "scenarios"]
+__all__ = [
+    "BenchContext",
+    "Chart",
+    "Scenario",
+    "ScenarioResult",
+    "run_scenario",
+    "scenario",
+    "scenarios",
+    "write_summary",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -36,6 +45,7 @@ class Chart:
         x: x values (line charts).
         xlabel: x-axis label (line charts).
         series: name -> y values (line charts).
+        baseline: a dashed reference line (bar charts), for example 1.0 for ratios.
     """
 
     kind: str
@@ -46,6 +56,7 @@ class Chart:
     x: list[float] = field(default_factory=list)
     xlabel: str = ""
     series: dict[str, list[float]] = field(default_factory=dict)
+    baseline: float | None = None
 
 
 @dataclass
@@ -59,6 +70,9 @@ class ScenarioResult:
         runs: metric name -> the value of each run (the medians' raw material).
         chart: what to draw in the PNG.
         notes: anything a reader needs to interpret the figures.
+        ratio: the headline ratio, ours over stock (higher is better), for the summary chart.
+        ratio_label: what the ratio compares, for example ``"throughput vs stock"``.
+        extra_charts: more charts, name -> chart, written as ``<scenario>-<name>.png``.
     """
 
     metrics: dict[str, float]
@@ -67,6 +81,9 @@ class ScenarioResult:
     runs: dict[str, list[float]] = field(default_factory=dict)
     chart: Chart | None = None
     notes: str = ""
+    ratio: float | None = None
+    ratio_label: str = ""
+    extra_charts: dict[str, Chart] = field(default_factory=dict)
 
 
 @dataclass
@@ -165,12 +182,52 @@ def run_scenario(name: str, ctx: BenchContext) -> ScenarioResult:
         **asdict(result),
     }
     (ctx.out_dir / f"{name}.json").write_text(json.dumps(report, indent=2, default=str))
-    if result.chart is not None:
+    charts = {name: result.chart} if result.chart is not None else {}
+    charts.update({f"{name}-{extra}": chart for extra, chart in result.extra_charts.items()})
+    for stem, chart in charts.items():
         try:
-            draw(result.chart, ctx.out_dir / f"{name}.png")
+            draw(chart, ctx.out_dir / f"{stem}.png")
         except ImportError:
-            logger.warning("matplotlib is not installed: no PNG for %s (pip install 'gpuprompt[bench]')", name)
+            logger.warning("matplotlib is not installed: no PNG for %s (pip install 'gpuprompt[bench]')", stem)
     return result
+
+
+def write_summary(results: dict[str, ScenarioResult], ctx: BenchContext) -> Path:
+    """Write ``summary.md`` (one row per scenario) and ``summary.png`` (headline ratios).
+
+    Returns:
+        The path of the Markdown summary.
+    """
+    env = environment()
+    lines = [
+        "# gpuprompt bench summary",
+        "",
+        f"Device: {env.get('cuda') or 'CPU'} ({env.get('cpu_count')} cores); torch {env.get('torch')}, "
+        f"transformers {env.get('transformers')}, vLLM {env.get('vllm')}, faiss {env.get('faiss')}. "
+        f"Medians of {ctx.runs} runs{' (quick)' if ctx.quick else ''}.",
+        "",
+        "| scenario | headline | ratio | goal | met |",
+        "|---|---|---|---|---|",
+    ]
+    for name, result in results.items():
+        ratio = f"{result.ratio:.2f}x" if result.ratio is not None else "-"
+        met = "yes" if result.goal_met else "**no**"
+        lines.append(f"| {name} | {result.ratio_label or '-'} | {ratio} | {result.goal} | {met} |")
+    lines.append("")
+    for name in results:
+        if (ctx.out_dir / f"{name}.png").exists():
+            lines.append(f"![{name}]({name}.png)")
+    path = ctx.out_dir / "summary.md"
+    path.write_text("\n".join(lines) + "\n")
+    ratios = {name: r.ratio for name, r in results.items() if r.ratio is not None}
+    if ratios:
+        try:
+            draw(Chart(kind="bar", title="gpuprompt vs stock (higher is better)", ylabel="ratio (x)",
+                       labels=list(ratios), values=list(ratios.values()), baseline=1.0),
+                 ctx.out_dir / "summary.png")
+        except ImportError:
+            logger.warning("matplotlib is not installed: no summary.png")
+    return path
 
 
 def draw(chart: Chart, path: Path) -> None:
@@ -182,11 +239,15 @@ def draw(chart: Chart, path: Path) -> None:
 
     fig, ax = plt.subplots(figsize=(7, 4), dpi=110)
     if chart.kind == "bar":
-        bars = ax.bar(chart.labels, chart.values, color=["#9aa5b1"] + ["#2f80ed"] * (len(chart.values) - 1))
+        colours = ["#2f80ed"] * len(chart.values) if chart.baseline is not None else (
+            ["#9aa5b1"] + ["#2f80ed"] * (len(chart.values) - 1))
+        bars = ax.bar(chart.labels, chart.values, color=colours)
+        if chart.baseline is not None:
+            ax.axhline(chart.baseline, color="#9aa5b1", linestyle="--", linewidth=1)
         for bar, value in zip(bars, chart.values):
             ax.annotate(f"{value:,.1f}", (bar.get_x() + bar.get_width() / 2, bar.get_height()),
                         ha="center", va="bottom", fontsize=9)
-        ax.tick_params(axis="x", labelsize=8)
+        ax.tick_params(axis="x", labelsize=8, labelrotation=15 if len(chart.labels) > 4 else 0)
     else:
         for label, ys in chart.series.items():
             ax.plot(chart.x, ys, marker="o", label=label)

@@ -123,10 +123,23 @@ def embed_concurrency(ctx: BenchContext) -> ScenarioResult:
             "lone_latency_ratio": lone_ours / lone_stock,
         }
 
+    def sweep() -> dict[str, float]:
+        figures: dict[str, float] = {}
+        for level in levels:
+            texts = queries(2 * level + 16, f"sweep {next(run_id)} c{level}: ")
+            ours.clear_cache()
+            figures[f"stock_c{level}_p50_ms"] = _concurrent(stock.embed_query, texts, level)["p50_ms"]
+            figures[f"ours_c{level}_p50_ms"] = _concurrent(lambda q: ours.embed([q]), texts, level)["p50_ms"]
+        return figures
+
+    levels = [1, 4, 16, 32] if ctx.quick else [1, 2, 4, 8, 16, 32]
     try:
         metrics, runs = ctx.repeat(measure)
+        sweep_metrics, sweep_runs = ctx.repeat(sweep)
     finally:
         ours.close()
+    metrics.update(sweep_metrics)
+    runs.update(sweep_runs)
     met = metrics["throughput_ratio"] >= 5.0 and metrics["lone_latency_ratio"] <= 2.0
     return ScenarioResult(
         metrics=metrics,
@@ -140,6 +153,21 @@ def embed_concurrency(ctx: BenchContext) -> ScenarioResult:
             labels=["stock HuggingFaceEmbeddings", "gpuprompt Embedder", "ceiling (batches of 32)"],
             values=[metrics["stock_qps"], metrics["ours_qps"], metrics["ceiling_qps"]],
         ),
+        ratio=metrics["throughput_ratio"],
+        ratio_label="embedding throughput, 32 concurrent callers",
+        extra_charts={
+            "latency": Chart(
+                kind="line",
+                title="Embedding latency vs concurrent callers",
+                ylabel="p50 latency per call (ms)",
+                xlabel="concurrent callers",
+                x=[float(level) for level in levels],
+                series={
+                    "stock HuggingFaceEmbeddings": [metrics[f"stock_c{level}_p50_ms"] for level in levels],
+                    "gpuprompt Embedder": [metrics[f"ours_c{level}_p50_ms"] for level in levels],
+                },
+            )
+        },
         notes=(
             "Latency under load follows Little's law (callers / throughput): with 32 callers the p50 is "
             "compared with the stock p50 under the same load; the batching window's own cost is shown by "
@@ -220,6 +248,8 @@ def context_turns(ctx: BenchContext) -> ScenarioResult:
         runs=runs,
         goal="ours: turn-10 cost <= 1.2x turn-1 cost",
         goal_met=metrics["ours_turn10_over_turn1"] <= 1.2,
+        ratio=metrics["turn10_speedup"],
+        ratio_label="history cost at turn 10",
         chart=Chart(
             kind="line",
             title="Conversation history cost per turn",
