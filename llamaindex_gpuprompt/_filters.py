@@ -1,0 +1,113 @@
+"""Translate LlamaIndex ``MetadataFilters`` into gpuprompt's one filter language.
+
+Every ``FilterOperator`` and ``FilterCondition`` is mapped, nested ``MetadataFilters`` included;
+the core evaluates the result (see ``gpuprompt.index.filters`` for its semantics).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from llama_index.core.vector_stores.types import FilterCondition, FilterOperator, MetadataFilter, MetadataFilters
+
+from gpuprompt.errors import FilterError, describe
+
+__all__ = ["to_core_filter"]
+
+_COMPARE = {
+    FilterOperator.EQ: "$eq",
+    FilterOperator.NE: "$ne",
+    FilterOperator.GT: "$gt",
+    FilterOperator.GTE: "$gte",
+    FilterOperator.LT: "$lt",
+    FilterOperator.LTE: "$lte",
+    FilterOperator.CONTAINS: "$contains",
+}
+
+
+def to_core_filter(filters: MetadataFilters | None) -> dict[str, Any] | None:
+    """Translate LlamaIndex metadata filters into a gpuprompt core filter.
+
+    ``EQ`` -> ``$eq``, ``NE`` -> ``$ne``, ``GT/GTE/LT/LTE`` -> ``$gt/$gte/$lt/$lte``, ``IN`` -> ``$in``,
+    ``NIN`` -> ``$nin``, ``ANY`` -> ``$or`` of ``$contains``, ``ALL`` -> ``$and`` of ``$contains``,
+    ``TEXT_MATCH`` and ``CONTAINS`` -> ``$contains``, ``TEXT_MATCH_INSENSITIVE`` -> ``$icontains``,
+    ``IS_EMPTY`` -> missing, None, ``""`` or ``[]``. Conditions: ``AND`` -> ``$and``, ``OR`` -> ``$or``,
+    ``NOT`` -> ``$not`` of the ``$or`` of the filters (LlamaIndex's "none of them match").
+
+    Example:
+        >>> from llama_index.core.vector_stores import MetadataFilter, MetadataFilters
+        >>> to_core_filter(MetadataFilters(filters=[MetadataFilter(key="price", value=50, operator="<")]))
+        {'price': {'$lt': 50}}
+
+    Args:
+        filters: the LlamaIndex filters, or None.
+
+    Returns:
+        The core filter dict, or None when there is nothing to filter on (None or no filters).
+
+    Raises:
+        FilterError: an operand of the wrong shape for its operator, or an empty nested
+            ``MetadataFilters``; the message names the filter's path.
+    """
+    if filters is None:
+        return None
+    if not isinstance(filters, MetadataFilters):
+        raise FilterError(f"'filters' must be a MetadataFilters or None (got {describe(filters)})", path="filters")
+    if not filters.filters:
+        return None
+    return _group(filters, "filters")
+
+
+def _group(filters: MetadataFilters, path: str) -> dict[str, Any]:
+    if not filters.filters:
+        raise FilterError("a nested MetadataFilters must hold at least one filter (got an empty list)", path=path)
+    clauses = []
+    for i, item in enumerate(filters.filters):
+        child = f"{path}.filters[{i}]"
+        if isinstance(item, MetadataFilters):
+            clauses.append(_group(item, child))
+        elif isinstance(item, MetadataFilter):
+            clauses.append(_clause(item, child))
+        else:
+            raise FilterError(f"each filter must be a MetadataFilter or MetadataFilters (got {describe(item)})", path=child)
+    condition = filters.condition or FilterCondition.AND
+    if condition == FilterCondition.NOT:
+        return {"$not": clauses[0] if len(clauses) == 1 else {"$or": clauses}}
+    if len(clauses) == 1:
+        return clauses[0]
+    if condition == FilterCondition.OR:
+        return {"$or": clauses}
+    return {"$and": clauses}
+
+
+def _clause(item: MetadataFilter, path: str) -> dict[str, Any]:
+    key, value, op = item.key, item.value, FilterOperator(item.operator)
+    if not key or key.startswith("$"):
+        raise FilterError(f"'key' must be a metadata field name not starting with '$' (got {describe(key)})", path=path)
+    if op in _COMPARE:
+        return {key: {_COMPARE[op]: value}}
+    if op in (FilterOperator.IN, FilterOperator.NIN):
+        if not isinstance(value, list):
+            raise FilterError(
+                f"the value of an {op.name} filter must be a list, for example ['a', 'b'] (got {describe(value)})",
+                path=path,
+            )
+        return {key: {"$in" if op == FilterOperator.IN else "$nin": list(value)}}
+    if op in (FilterOperator.ANY, FilterOperator.ALL):
+        if not isinstance(value, list) or not value:
+            raise FilterError(
+                f"the value of an {op.name} filter must be a non-empty list, for example ['a', 'b'] "
+                f"(got {describe(value)})",
+                path=path,
+            )
+        parts = [{key: {"$contains": v}} for v in value]
+        if len(parts) == 1:
+            return parts[0]
+        return {"$or" if op == FilterOperator.ANY else "$and": parts}
+    if op in (FilterOperator.TEXT_MATCH, FilterOperator.TEXT_MATCH_INSENSITIVE):
+        if not isinstance(value, str):
+            raise FilterError(f"the value of a {op.name} filter must be a str (got {describe(value)})", path=path)
+        return {key: {"$contains" if op == FilterOperator.TEXT_MATCH else "$icontains": value}}
+    if op == FilterOperator.IS_EMPTY:
+        return {"$or": [{key: {"$exists": False}}, {key: {"$eq": None}}, {key: {"$eq": ""}}, {key: {"$eq": []}}]}
+    raise FilterError(f"unsupported filter operator {describe(item.operator)}", path=path)  # pragma: no cover
