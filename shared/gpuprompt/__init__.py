@@ -14,6 +14,7 @@ if TYPE_CHECKING:
     from gpuprompt.batching import BatcherStats, MicroBatcher
     from gpuprompt.context import ContextCache, ContextStats, Turn
     from gpuprompt.embedder import Embedder, EmbedderConfig, EmbedderStats, EmbeddingCache
+    from gpuprompt.llm import GenerationRequest, GenerationResult, LLMEngine, StreamDelta, Timings, Usage
     from gpuprompt.runtime import Runtime, get_runtime, resolve_device
 
 _EXPORTS: dict[str, str] = {
@@ -23,6 +24,12 @@ _EXPORTS: dict[str, str] = {
     "EmbedderConfig": "gpuprompt.embedder",
     "EmbedderStats": "gpuprompt.embedder",
     "EmbeddingCache": "gpuprompt.embedder",
+    "GenerationRequest": "gpuprompt.llm",
+    "GenerationResult": "gpuprompt.llm",
+    "LLMEngine": "gpuprompt.llm",
+    "StreamDelta": "gpuprompt.llm",
+    "Timings": "gpuprompt.llm",
+    "Usage": "gpuprompt.llm",
     "ContextCache": "gpuprompt.context",
     "ContextStats": "gpuprompt.context",
     "Turn": "gpuprompt.context",

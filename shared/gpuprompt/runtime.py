@@ -17,6 +17,7 @@ from gpuprompt.errors import ClosedError, ConfigurationError, DependencyError
 
 if TYPE_CHECKING:
     from gpuprompt.embedder import Embedder
+    from gpuprompt.llm import LLMEngine
 
 __all__ = ["Runtime", "default_dtype", "get_runtime", "resolve_device"]
 
@@ -167,6 +168,25 @@ class Runtime:
         if config.device == "auto":
             config = config.replace(device=self.device)
         return self.get_or_create(("embedder", config.key()), lambda: Embedder(config=config))
+
+    def llm(self, model: str | None = None, **options: Any) -> LLMEngine:
+        """The shared :class:`~gpuprompt.LLMEngine` for this configuration.
+
+        Args:
+            model: a local folder, a ``.gguf`` file, a hub id, or None for the bundled
+                SmolLM2-135M-Instruct.
+            **options: the other :class:`~gpuprompt.llm.LLMConfig` fields (``backend``, ...).
+        """
+        from gpuprompt.llm import LLMConfig, LLMEngine
+
+        unknown = sorted(set(options) - set(LLMConfig.option_names()))
+        if unknown:
+            raise ConfigurationError(f"unknown LLM option(s) {unknown}; valid options: {LLMConfig.option_names()}.")
+        config = LLMConfig(model=model, **options)
+        if config.device == "auto" and self._device_request != "auto":
+            # Resolution is left to the first use: asking for a component loads nothing.
+            config = config.replace(device=self._device_request)
+        return self.get_or_create(("llm", config.key()), lambda: LLMEngine(config=config))
 
     def shutdown(self) -> None:
         """Close every registered component and refuse new ones. Safe to call twice."""

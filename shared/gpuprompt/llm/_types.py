@@ -151,7 +151,7 @@ def _normalize_response_format(value: Any) -> Mapping[str, Any] | None:
         if not isinstance(schema, Mapping):
             raise InvalidInputError(
                 "'response_format' in the OpenAI form needs {'type': 'json_schema', 'json_schema': "
-                f"{{'schema': {{...}}}}} (got {describe(dict(value))})."
+                f"{{'schema': {{...}}}}}} (got {describe(dict(value))})."
             )
         value = schema
     try:

@@ -1,0 +1,21 @@
+"""Batched LLM generation: one :class:`LLMEngine` interface over vLLM and transformers.
+
+Importing this package loads no torch, transformers or vLLM; the engine loads on first use.
+"""
+
+from __future__ import annotations
+
+from gpuprompt.llm._config import LLMConfig
+from gpuprompt.llm._engine import LLMEngine
+from gpuprompt.llm._types import EngineStats, GenerationRequest, GenerationResult, StreamDelta, Timings, Usage
+
+__all__ = [
+    "EngineStats",
+    "GenerationRequest",
+    "GenerationResult",
+    "LLMConfig",
+    "LLMEngine",
+    "StreamDelta",
+    "Timings",
+    "Usage",
+]

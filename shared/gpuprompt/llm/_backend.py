@@ -1,0 +1,67 @@
+"""The contract between :class:`~gpuprompt.LLMEngine` and its inference backends.
+
+A backend receives :class:`~gpuprompt.llm._job.Job` objects already tokenized and fitted to the
+context window, computes them, and reports through the job: text pieces, then exactly one
+``finish`` or ``fail``. It never blocks the submitting thread on model work.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from typing import ClassVar
+
+from gpuprompt.llm._config import LLMConfig
+from gpuprompt.llm._job import Job
+
+__all__ = ["Backend"]
+
+
+class Backend(ABC):
+    """An inference backend behind :class:`~gpuprompt.LLMEngine`.
+
+    Args:
+        config: the engine's configuration.
+        model_path: the resolved model folder (or hub id).
+        context_window: the most prompt + new tokens per request.
+        device: the resolved torch device string.
+    """
+
+    name: ClassVar[str]
+    supports_structured_output: ClassVar[bool] = False
+
+    def __init__(self, config: LLMConfig, model_path: str, context_window: int, device: str) -> None:
+        self.config = config
+        self.model_path = model_path
+        self.context_window = context_window
+        self.device = device
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.model_path!r} device={self.device!r}>"
+
+    @abstractmethod
+    def start(self) -> None:
+        """Load the model and start serving (blocking). Raises on failure, leaving nothing running."""
+
+    @abstractmethod
+    def submit(self, job: Job) -> None:
+        """Queue ``job``; return at once. Sets the job's cancel hook.
+
+        Raises:
+            ClosedError: the backend was closed.
+            EngineDeadError: the backend died.
+            QueueFullError: too many requests are waiting.
+        """
+
+    def submit_many(self, jobs: Sequence[Job]) -> None:
+        """Queue several jobs together (a backend that batches may form one batch of them)."""
+        for job in jobs:
+            self.submit(job)
+
+    def reset_prefix_cache(self) -> bool:
+        """Forget cached prompt prefixes; False when the backend keeps none."""
+        return False
+
+    @abstractmethod
+    def close(self) -> None:
+        """Stop serving: pending jobs fail with ``ClosedError``; release the model."""

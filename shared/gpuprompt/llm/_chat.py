@@ -1,0 +1,196 @@
+"""Prompt preparation shared by every backend: chat template, token counts, context-window checks
+and left truncation (drop the oldest turns, keep the system message(s) and the last turn).
+"""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from gpuprompt.errors import ContextLengthError, InputTypeError, InvalidInputError, describe
+from gpuprompt.llm._types import GenerationRequest
+
+__all__ = ["ChatFormatter", "Prepared"]
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A validated request, tokenized and fitted to the context window.
+
+    Attributes:
+        request: the caller's request.
+        request_id: its id (the caller's or a generated one).
+        token_ids: the prompt's token ids, as the backend will see them.
+        max_tokens: the request's ``max_tokens`` capped by the room left in the window.
+        dropped_messages: messages removed by ``truncate="left"`` (tokens, for a raw prompt).
+    """
+
+    request: GenerationRequest
+    request_id: str
+    token_ids: list[int]
+    max_tokens: int
+    dropped_messages: int = 0
+
+    @property
+    def prompt_tokens(self) -> int:
+        """Tokens in the prompt."""
+        return len(self.token_ids)
+
+
+class ChatFormatter:
+    """Applies a tokenizer's chat template and fits prompts to a context window.
+
+    Thread-safe: calls share one tokenizer under a lock (fast tokenizers are not safe to share
+    between threads that change their settings).
+
+    Args:
+        tokenizer: a Hugging Face tokenizer with a chat template.
+        context_window: the most prompt + generated tokens the engine holds for one request.
+        model_name: the model's name, for error messages.
+    """
+
+    def __init__(self, tokenizer: Any, context_window: int, model_name: str) -> None:
+        self.tokenizer = tokenizer
+        self.context_window = context_window
+        self.model_name = model_name
+        self._lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        return f"<ChatFormatter {self.model_name!r} context_window={self.context_window}>"
+
+    # ------------------------------------------------------------------ encoding
+    def render(self, messages: Sequence[Mapping[str, str]]) -> str:
+        """The chat template applied to ``messages``, with the assistant's generation prompt."""
+        try:
+            with self._lock:
+                return self.tokenizer.apply_chat_template(
+                    [dict(m) for m in messages], tokenize=False, add_generation_prompt=True
+                )
+        except Exception as exc:  # jinja templates raise their own errors (e.g. unsupported roles)
+            if getattr(self.tokenizer, "chat_template", None) is None:
+                raise InvalidInputError(
+                    f"model {self.model_name!r} has no chat template, so 'messages' cannot be used; "
+                    "pass a raw 'prompt' instead."
+                ) from exc
+            raise InvalidInputError(
+                f"the chat template of {self.model_name!r} rejected these messages: {exc}."
+            ) from exc
+
+    def encode_chat(self, messages: Sequence[Mapping[str, str]]) -> list[int]:
+        """Token ids of the rendered chat (the template holds the special tokens already)."""
+        text = self.render(messages)
+        with self._lock:
+            return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    def encode_prompt(self, prompt: str) -> list[int]:
+        """Token ids of a raw prompt (special tokens added as the tokenizer's default)."""
+        with self._lock:
+            return list(self.tokenizer(prompt, add_special_tokens=True)["input_ids"])
+
+    def count(self, messages_or_prompt: str | Sequence[Mapping[str, str]]) -> int:
+        """Tokens of a raw prompt (str) or of chat messages with the template applied.
+
+        Raises:
+            InputTypeError: neither a str nor a list of message dicts.
+        """
+        if isinstance(messages_or_prompt, str):
+            return len(self.encode_prompt(messages_or_prompt))
+        if isinstance(messages_or_prompt, GenerationRequest):
+            return len(self._encode(messages_or_prompt))
+        if not isinstance(messages_or_prompt, Sequence):
+            raise InputTypeError(
+                f"'messages_or_prompt' must be a str or a list of message dicts (got {describe(messages_or_prompt)})."
+            )
+        request = GenerationRequest(messages=messages_or_prompt)
+        return len(self._encode(request))
+
+    def _encode(self, request: GenerationRequest) -> list[int]:
+        if request.messages is not None:
+            return self.encode_chat(request.messages)
+        assert request.prompt is not None
+        return self.encode_prompt(request.prompt)
+
+    # ------------------------------------------------------------------ fitting
+    def prepare(self, request: GenerationRequest) -> Prepared:
+        """Tokenize ``request`` and fit it to the context window.
+
+        With ``truncate="error"`` the prompt must leave room for at least one new token. With
+        ``truncate="left"`` the oldest turns are dropped until the prompt leaves room for
+        ``max_tokens`` new tokens; the system message(s) and the last turn are always kept, and
+        if they alone take more than the window allows, the request fails.
+
+        Raises:
+            ContextLengthError: the prompt does not fit (the error carries both lengths).
+            InvalidInputError: the prompt is empty, or the chat template rejected the messages.
+        """
+        if not isinstance(request, GenerationRequest):
+            raise InputTypeError(f"'request' must be a GenerationRequest (got {describe(request)}).")
+        window = self.context_window
+        limit = window - 1
+        ids = self._encode(request)
+        if not ids:
+            raise InvalidInputError("'prompt' must not be empty (got '' that is a str); pass some text.")
+        dropped = 0
+        if request.truncate == "left":
+            target = max(1, window - request.max_tokens)
+            if len(ids) > target:
+                if request.messages is not None:
+                    ids, dropped = self._truncate_messages(request.messages, target)
+                else:
+                    dropped = len(ids) - target
+                    ids = ids[-target:]
+        if len(ids) > limit:
+            hint = (
+                "even the system message(s) and the last turn are too long; shorten them or raise max_model_len"
+                if request.truncate == "left"
+                else "shorten the prompt, raise max_model_len, or pass truncate='left' to drop the oldest turns"
+            )
+            raise ContextLengthError(
+                f"the prompt has {len(ids)} tokens but the context window of {self.model_name!r} is {window} "
+                f"tokens (the prompt may take at most {limit}, leaving room for one new token); {hint}.",
+                prompt_tokens=len(ids),
+                max_context=window,
+            )
+        request_id = request.request_id or uuid.uuid4().hex
+        max_tokens = min(request.max_tokens, window - len(ids))
+        return Prepared(request, request_id, ids, max_tokens, dropped)
+
+    def _truncate_messages(self, messages: Sequence[Mapping[str, str]], target: int) -> tuple[list[int], int]:
+        """Drop the fewest oldest turns so the rendered chat takes at most ``target`` tokens.
+
+        Returns the token ids and the number of messages dropped; when even the smallest keepable
+        chat exceeds ``target`` that chat is returned (the caller decides whether it still fits).
+        """
+        messages = list(messages)
+        last_user = max((i for i, m in enumerate(messages) if m["role"] == "user"), default=len(messages) - 1)
+        droppable = [i for i, m in enumerate(messages[:last_user]) if m["role"] != "system"]
+
+        def kept(k: int) -> list[Mapping[str, str]]:
+            gone = set(droppable[:k])
+            # History should restart on a user turn, not on an orphaned assistant reply.
+            for i in droppable[k:]:
+                if messages[i]["role"] == "assistant":
+                    gone.add(i)
+                else:
+                    break
+            return [m for i, m in enumerate(messages) if i not in gone]
+
+        # Token count falls as more turns go: binary-search the fewest drops that fit.
+        low, high = 1, len(droppable)
+        best: tuple[list[int], int] | None = None
+        while low <= high:
+            mid = (low + high) // 2
+            chat = kept(mid)
+            ids = self.encode_chat(chat)
+            if len(ids) <= target:
+                best = (ids, len(messages) - len(chat))
+                high = mid - 1
+            else:
+                low = mid + 1
+        if best is not None:
+            return best
+        chat = kept(len(droppable))
+        return self.encode_chat(chat), len(messages) - len(chat)

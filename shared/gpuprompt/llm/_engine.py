@@ -1,0 +1,464 @@
+"""LLMEngine: batched generation behind one interface, over vLLM or transformers.
+
+Sync methods work from any thread and need no event loop of the caller's; async methods never
+block the caller's loop; cancelling an awaiting task (or closing a stream) aborts the request
+inside the backend.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from typing import Any
+
+from gpuprompt.errors import (
+    ClosedError,
+    ConfigurationError,
+    GPUPromptError,
+    InputTypeError,
+    ModelLoadError,
+    describe,
+)
+from gpuprompt.llm._backend import Backend
+from gpuprompt.llm._chat import ChatFormatter, Prepared
+from gpuprompt.llm._config import LLMConfig
+from gpuprompt.llm._job import End, Failure, Job, Text
+from gpuprompt.llm._types import EngineStats, GenerationRequest, GenerationResult, StreamDelta
+from gpuprompt.models import BUNDLED_CHAT_MODEL, resolve_chat_model
+from gpuprompt.runtime import resolve_device
+
+__all__ = ["LLMEngine"]
+
+logger = logging.getLogger(__name__)
+
+# Async callers prepare (template + tokenize) on the loop thread only for prompts this small.
+_ASYNC_INLINE_CHARS = 8192
+
+
+class LLMEngine:
+    """Batched text generation with one interface over several backends.
+
+    Nothing is loaded until the first call (or :meth:`load`). Concurrent calls from threads and
+    tasks are batched together by the backend: vLLM's continuous batching, or padded
+    ``generate`` batches formed by the MicroBatcher. Use :meth:`gpuprompt.Runtime.llm` to share
+    one engine per configuration in a process.
+
+    Example:
+        >>> from gpuprompt import GenerationRequest, LLMEngine
+        >>> engine = LLMEngine(backend="transformers")        # bundled SmolLM2-135M-Instruct
+        >>> request = GenerationRequest(messages=[{"role": "user", "content": "Name a color."}],
+        ...                             max_tokens=8)
+        >>> [result] = engine.generate([request])
+        >>> result.finish_reason, result.usage.completion_tokens
+        ('stop', 3)
+        >>> for delta in engine.stream(request):                # or: async for ... in astream()
+        ...     print(delta.text, end="")
+        >>> engine.close()
+
+    Args:
+        model: a local folder, a ``.gguf`` file, a hub id, or None for the bundled
+            SmolLM2-135M-Instruct.
+        config: a full :class:`LLMConfig` (then pass no other option).
+        **options: the other :class:`LLMConfig` fields: ``backend`` (``"auto"``, ``"vllm"``,
+            ``"transformers"``), ``device``, ``max_model_len``, ``dtype``, ``max_num_seqs``,
+            ``max_num_batched_tokens``, ``quantization``, ``gpu_memory_utilization``,
+            ``tensor_parallel_size``, ...
+
+    Raises:
+        ConfigurationError: an unknown or invalid option (the message lists the valid ones).
+    """
+
+    def __init__(self, model: str | None = None, *, config: LLMConfig | None = None, **options: Any) -> None:
+        if config is not None and (model is not None or options):
+            raise ConfigurationError("pass either 'config' or individual options to LLMEngine, not both.")
+        if config is None:
+            valid = LLMConfig.option_names()
+            unknown = sorted(set(options) - set(valid))
+            if unknown:
+                raise ConfigurationError(f"unknown LLMEngine option(s) {unknown}; valid options: {valid}.")
+            config = LLMConfig(model=model, **options)
+        elif not isinstance(config, LLMConfig):
+            raise ConfigurationError(f"'config' must be an LLMConfig (got {describe(config)}).")
+        self.config = config
+        self._model_name = config.model or BUNDLED_CHAT_MODEL
+        self._load_lock = threading.Lock()
+        self._formatter: ChatFormatter | None = None
+        self._model_path: str | None = None
+        self._device: str | None = None
+        self._backend: Backend | None = None
+        self._closed = False
+        self._stats_lock = threading.Lock()
+        self._requests = self._completed = self._aborted = self._failed = self._in_flight = 0
+        self._prompt_tokens = self._completion_tokens = 0
+
+    def __repr__(self) -> str:
+        backend = self._backend.name if self._backend is not None else f"{self.config.backend} (not loaded)"
+        state = "closed" if self._closed else "open"
+        return f"<LLMEngine {self._model_name!r} backend={backend} {state}>"
+
+    # ------------------------------------------------------------------ properties
+    @property
+    def model_name(self) -> str:
+        """The model's name as configured (the bundled model's hub id when None)."""
+        return self._model_name
+
+    @property
+    def backend_name(self) -> str:
+        """``"vllm"`` or ``"transformers"`` (loads the engine, which resolves ``"auto"``)."""
+        return self.load()._backend_or_raise().name
+
+    @property
+    def context_window(self) -> int:
+        """Most prompt + generated tokens per request (loads the tokenizer and config only)."""
+        return self._ensure_formatter().context_window
+
+    @property
+    def supports_structured_output(self) -> bool:
+        """Whether ``response_format`` works on this engine's backend (loads the engine)."""
+        return self.load()._backend_or_raise().supports_structured_output
+
+    @property
+    def device(self) -> str:
+        """The resolved device string."""
+        if self._device is None:
+            self._device = resolve_device(self.config.device)
+        return self._device
+
+    # ------------------------------------------------------------------ loading
+    def _ensure_formatter(self) -> ChatFormatter:
+        if self._formatter is not None:
+            return self._formatter
+        with self._load_lock:
+            self._check_open()
+            if self._formatter is None:
+                self._formatter = self._make_formatter()
+        return self._formatter
+
+    def _make_formatter(self) -> ChatFormatter:
+        try:
+            from transformers import AutoConfig, AutoTokenizer
+        except ImportError as exc:
+            from gpuprompt.errors import DependencyError
+
+            raise DependencyError("LLMEngine needs transformers: pip install transformers") from exc
+        path = resolve_chat_model(self.config.model)
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(path)
+            model_config = AutoConfig.from_pretrained(path)
+        except Exception as exc:
+            raise ModelLoadError(
+                f"could not load the tokenizer/config of {self._model_name!r} from {path!r}: {exc}. Pass a local "
+                "model folder, a .gguf file, or a hub id available offline."
+            ) from exc
+        limit = getattr(model_config, "max_position_embeddings", None) or self.config.max_model_len
+        window = min(self.config.max_model_len, int(limit))
+        if window < self.config.max_model_len:
+            logger.info("max_model_len %d capped to the model's %d positions", self.config.max_model_len, window)
+        self._model_path = path
+        return ChatFormatter(tokenizer, window, self._model_name)
+
+    def load(self) -> LLMEngine:
+        """Load the model and start the backend now (otherwise the first call does).
+
+        With ``backend="auto"``, vLLM is tried first when importable; if it is missing or does not
+        start, the transformers backend is used and the reason is logged (once).
+
+        Raises:
+            ClosedError: the engine was closed.
+            DependencyError: ``backend="vllm"`` and vLLM is not installed.
+            ModelLoadError: the model or the backend could not be loaded.
+        """
+        if self._backend is not None:
+            return self
+        formatter = self._ensure_formatter()
+        with self._load_lock:
+            self._check_open()
+            if self._backend is None:
+                self._backend = self._start_backend(formatter.context_window)
+        return self
+
+    def _start_backend(self, window: int) -> Backend:
+        from gpuprompt.llm._transformers import TransformersBackend
+        from gpuprompt.llm._vllm import VLLMBackend, vllm_available
+
+        assert self._model_path is not None
+        choice = self.config.backend
+        args = (self.config, self._model_path, window, self.device)
+        if choice == "transformers":
+            backend: Backend = TransformersBackend(*args)
+            backend.start()
+            return backend
+        if choice == "vllm":
+            backend = VLLMBackend(*args)
+            backend.start()
+            return backend
+        reason: str
+        if not vllm_available():
+            reason = "vLLM is not installed (pip install 'gpuprompt[vllm]' or 'gpuprompt[cpu]')"
+        elif not (self.device == "cpu" or self.device.startswith("cuda")):
+            reason = f"vLLM does not run on device {self.device!r}"
+        else:
+            backend = VLLMBackend(*args)
+            try:
+                backend.start()
+                return backend
+            except GPUPromptError as exc:
+                reason = f"vLLM did not start: {exc}"
+        logger.warning("LLMEngine(backend='auto') for %s uses transformers: %s", self._model_name, reason)
+        backend = TransformersBackend(*args)
+        backend.start()
+        return backend
+
+    def _backend_or_raise(self) -> Backend:
+        backend = self._backend
+        if backend is None or self._closed:
+            raise ClosedError("this LLMEngine was closed; create a new one (or ask get_runtime().llm()).")
+        return backend
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ClosedError("this LLMEngine was closed; create a new one (or ask get_runtime().llm()).")
+
+    # ------------------------------------------------------------------ tokens
+    def count_tokens(self, messages_or_prompt: str | Sequence[Mapping[str, str]]) -> int:
+        """Count tokens as the engine will: a raw prompt as is, chat messages with the model's chat
+        template and the generation prompt applied. Loads only the tokenizer.
+
+        Raises:
+            InputTypeError: neither a str nor a list of message dicts.
+            InvalidInputError: a message is malformed.
+        """
+        return self._ensure_formatter().count(messages_or_prompt)
+
+    def _prepare(self, request: Any) -> Prepared:
+        if not isinstance(request, GenerationRequest):
+            raise InputTypeError(
+                f"'request' must be a GenerationRequest (got {describe(request)}); build one with "
+                "GenerationRequest(messages=[{'role': 'user', 'content': text}])."
+            )
+        self.load()
+        backend = self._backend_or_raise()
+        if request.guided is not None and not backend.supports_structured_output:
+            raise ConfigurationError(
+                f"'response_format' needs guided decoding, which the {backend.name!r} backend does not do; "
+                "use backend='vllm' (pip install 'gpuprompt[vllm]' or 'gpuprompt[cpu]'), or drop response_format."
+            )
+        return self._ensure_formatter().prepare(request)
+
+    async def _aprepare(self, request: Any) -> Prepared:
+        if self._backend is None:
+            await asyncio.to_thread(self.load)
+        if isinstance(request, GenerationRequest) and _size(request) > _ASYNC_INLINE_CHARS:
+            return await asyncio.to_thread(self._prepare, request)
+        return self._prepare(request)
+
+    # ------------------------------------------------------------------ job plumbing
+    def _new_job(self, prepared: Prepared) -> Job:
+        return Job(prepared, self._model_name, self._on_end)
+
+    def _submit(self, jobs: list[Job]) -> None:
+        backend = self._backend_or_raise()
+        with self._stats_lock:
+            self._requests += len(jobs)
+            self._in_flight += len(jobs)
+        try:
+            backend.submit_many(jobs)
+        except BaseException:
+            # Rejected before any ran: undo the counts for jobs the backend never took.
+            for job in jobs:
+                job.cancel()
+            untaken = [job for job in jobs if job.discard()]
+            with self._stats_lock:
+                self._requests -= len(untaken)
+                self._in_flight -= len(untaken)
+            raise
+
+    def _on_end(self, job: Job, event: End | Failure) -> None:
+        with self._stats_lock:
+            self._in_flight -= 1
+            if isinstance(event, Failure):
+                self._failed += 1
+                return
+            result = event.result
+            if result.finish_reason == "abort":
+                self._aborted += 1
+            else:
+                self._completed += 1
+            self._prompt_tokens += result.usage.prompt_tokens
+            self._completion_tokens += result.usage.completion_tokens
+
+    @staticmethod
+    def _collect(job: Job) -> GenerationResult:
+        while True:
+            event = job.next_event()
+            if isinstance(event, End):
+                return event.result
+            if isinstance(event, Failure):
+                raise event.error
+
+    @staticmethod
+    async def _acollect(job: Job) -> GenerationResult:
+        while True:
+            event = await job.anext_event()
+            if isinstance(event, End):
+                return event.result
+            if isinstance(event, Failure):
+                raise event.error
+
+    # ------------------------------------------------------------------ public API
+    def generate(self, requests: Sequence[GenerationRequest]) -> list[GenerationResult]:
+        """Generate for several requests at once (they are batched together); blocks the calling
+        thread, which needs no event loop.
+
+        Every request is validated and fitted before any is queued: a bad one fails the call and
+        nothing runs.
+
+        Args:
+            requests: a list of :class:`GenerationRequest`.
+
+        Returns:
+            One :class:`GenerationResult` per request, in order.
+
+        Raises:
+            InputTypeError: ``requests`` is not a list of GenerationRequest.
+            ContextLengthError: a prompt does not fit the context window (and ``truncate="error"``).
+            ConfigurationError: ``response_format`` on a backend without guided decoding.
+            EngineError: the backend failed (the other requests are cancelled).
+        """
+        if isinstance(requests, GenerationRequest):
+            raise InputTypeError(
+                "'requests' must be a list of GenerationRequest, got a bare GenerationRequest; wrap it in a "
+                "list: generate([request])."
+            )
+        if not isinstance(requests, Sequence) or isinstance(requests, (str, bytes)):
+            raise InputTypeError(f"'requests' must be a list of GenerationRequest (got {describe(requests)}).")
+        for index, request in enumerate(requests):
+            if not isinstance(request, GenerationRequest):
+                raise InputTypeError(f"'requests[{index}]' must be a GenerationRequest (got {describe(request)}).")
+        if not requests:
+            return []
+        prepared = [self._prepare(request) for request in requests]
+        jobs = [self._new_job(p) for p in prepared]
+        self._submit(jobs)
+        try:
+            return [self._collect(job) for job in jobs]
+        finally:
+            for job in jobs:
+                job.cancel()
+
+    async def agenerate(self, request: GenerationRequest) -> GenerationResult:
+        """Generate for one request without blocking the event loop; concurrent calls are batched.
+
+        Cancelling the awaiting task aborts the request inside the backend.
+
+        Raises:
+            InputTypeError: ``request`` is not a GenerationRequest.
+            ContextLengthError: the prompt does not fit the context window.
+            ConfigurationError: ``response_format`` on a backend without guided decoding.
+            EngineError: the backend failed.
+        """
+        prepared = await self._aprepare(request)
+        job = self._new_job(prepared)
+        self._submit([job])
+        try:
+            return await self._acollect(job)
+        finally:
+            job.cancel()
+
+    async def astream(self, request: GenerationRequest) -> AsyncIterator[StreamDelta]:
+        """Stream one request's text as it is generated, without blocking the event loop.
+
+        The last delta carries ``finish_reason`` and ``usage``. Closing the iterator early (or
+        cancelling the consuming task) aborts the request inside the backend; use
+        ``contextlib.aclosing`` to close it promptly when breaking out of the loop.
+
+        Raises:
+            The same errors as :meth:`agenerate`.
+        """
+        prepared = await self._aprepare(request)
+        job = self._new_job(prepared)
+        self._submit([job])
+        try:
+            while True:
+                event = await job.anext_event()
+                if isinstance(event, Text):
+                    yield StreamDelta(event.text)
+                elif isinstance(event, End):
+                    result = event.result
+                    yield StreamDelta("", finish_reason=result.finish_reason, usage=result.usage)
+                    return
+                else:
+                    raise event.error
+        finally:
+            job.cancel()
+
+    def stream(self, request: GenerationRequest) -> Iterator[StreamDelta]:
+        """Sync :meth:`astream`: works on any thread, needs no event loop. Closing the iterator
+        early aborts the request.
+
+        Raises:
+            The same errors as :meth:`generate`.
+        """
+        prepared = self._prepare(request)
+        job = self._new_job(prepared)
+        self._submit([job])
+        return self._iterate(job)
+
+    @staticmethod
+    def _iterate(job: Job) -> Iterator[StreamDelta]:
+        try:
+            while True:
+                event = job.next_event()
+                if isinstance(event, Text):
+                    yield StreamDelta(event.text)
+                elif isinstance(event, End):
+                    result = event.result
+                    yield StreamDelta("", finish_reason=result.finish_reason, usage=result.usage)
+                    return
+                else:
+                    raise event.error
+        finally:
+            job.cancel()
+
+    def reset_prefix_cache(self) -> bool:
+        """Forget the backend's cached prompt prefixes (vLLM); False when it keeps none."""
+        return self.load()._backend_or_raise().reset_prefix_cache()
+
+    def stats(self) -> EngineStats:
+        """A snapshot of the request and token counters."""
+        with self._stats_lock:
+            return EngineStats(
+                requests=self._requests,
+                completed=self._completed,
+                aborted=self._aborted,
+                failed=self._failed,
+                in_flight=self._in_flight,
+                prompt_tokens=self._prompt_tokens,
+                completion_tokens=self._completion_tokens,
+            )
+
+    def close(self) -> None:
+        """Fail pending requests with ``ClosedError``, stop the backend, release the model.
+        Safe to call twice."""
+        with self._load_lock:
+            if self._closed:
+                return
+            self._closed = True
+            backend, self._backend = self._backend, None
+        if backend is not None:
+            backend.close()
+
+    def __enter__(self) -> LLMEngine:
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self.close()
+
+
+def _size(request: GenerationRequest) -> int:
+    if request.prompt is not None:
+        return len(request.prompt)
+    return sum(len(m["content"]) for m in request.messages or ())
+

@@ -1,0 +1,211 @@
+"""One in-flight generation: the channel between a backend (producer) and its caller (consumer).
+
+A backend pushes text pieces and one terminal event from any thread; the caller reads them with a
+blocking ``next_event`` (sync callers) or ``anext_event`` (async callers, without blocking their
+loop). A job ends exactly once: finished, failed or aborted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from gpuprompt.llm._chat import Prepared
+from gpuprompt.llm._types import GenerationResult, Timings, Usage
+
+__all__ = ["End", "Failure", "Job", "Text"]
+
+
+@dataclass(frozen=True)
+class Text:
+    """New generated text."""
+
+    text: str
+
+
+@dataclass(frozen=True)
+class End:
+    """The job finished (``"stop"``, ``"length"`` or ``"abort"``)."""
+
+    result: GenerationResult
+
+
+@dataclass(frozen=True)
+class Failure:
+    """The job failed."""
+
+    error: BaseException
+
+
+Event = Text | End | Failure
+
+
+def _wake(future: asyncio.Future) -> None:
+    if not future.done():
+        future.set_result(None)
+
+
+class Job:
+    """One request's life in a backend and its event channel.
+
+    Args:
+        prepared: the tokenized, fitted request.
+        model: the engine's model name (copied into the result).
+        on_end: called once with the terminal event, from the producer's thread (the engine's
+            counters).
+    """
+
+    def __init__(self, prepared: Prepared, model: str, on_end: Callable[[Job, End | Failure], None]) -> None:
+        self.prepared = prepared
+        self.model = model
+        self.submitted_at = time.monotonic()
+        self.started_at: float | None = None
+        self.first_token_at: float | None = None
+        self.cancelled = threading.Event()
+        self._on_end = on_end
+        self._cond = threading.Condition()
+        self._events: deque[Event] = deque()
+        self._waiter: tuple[asyncio.AbstractEventLoop, asyncio.Future] | None = None
+        self._pieces: list[str] = []
+        self._ended = False
+        self._cancel_hook: Callable[[], None] | None = None
+        self.backend_state: Any = None  # whatever the backend needs to find this job again
+
+    def __repr__(self) -> str:
+        state = "ended" if self._ended else ("cancelled" if self.cancelled.is_set() else "open")
+        return f"<Job {self.request_id} {state} prompt_tokens={self.prepared.prompt_tokens}>"
+
+    @property
+    def request_id(self) -> str:
+        """The request's id."""
+        return self.prepared.request_id
+
+    @property
+    def ended(self) -> bool:
+        """Whether the terminal event was pushed."""
+        return self._ended
+
+    # ------------------------------------------------------------------ producer side
+    def mark_started(self, at: float | None = None) -> None:
+        """The backend began computing this job (ends its queue wait)."""
+        if self.started_at is None:
+            self.started_at = time.monotonic() if at is None else at
+
+    def mark_first_token(self, at: float | None = None) -> None:
+        """The first new token exists (text may still be held back for stop strings)."""
+        if self.first_token_at is None:
+            self.first_token_at = time.monotonic() if at is None else at
+            if self.started_at is None:
+                self.started_at = self.first_token_at
+
+    def push_text(self, text: str) -> None:
+        """Deliver new text to the caller."""
+        if not text:
+            return
+        with self._cond:
+            if self._ended:
+                return
+            self._pieces.append(text)
+            self._post(Text(text))
+
+    def finish(self, finish_reason: str, completion_tokens: int) -> bool:
+        """End the job with a result; False when it had already ended."""
+        with self._cond:
+            if self._ended:
+                return False
+            now = time.monotonic()
+            started = self.started_at if self.started_at is not None else now
+            first = self.first_token_at if self.first_token_at is not None else now
+            prompt_tokens = self.prepared.prompt_tokens
+            result = GenerationResult(
+                text="".join(self._pieces),
+                finish_reason=finish_reason,
+                usage=Usage(prompt_tokens, completion_tokens, prompt_tokens + completion_tokens),
+                timings=Timings(
+                    queued_s=max(0.0, started - self.submitted_at),
+                    ttft_s=max(0.0, first - self.submitted_at),
+                    total_s=max(0.0, now - self.submitted_at),
+                ),
+                model=self.model,
+                request_id=self.request_id,
+            )
+            event = End(result)
+            self._ended = True
+            self._post(event)
+        self._on_end(self, event)
+        return True
+
+    def fail(self, error: BaseException) -> bool:
+        """End the job with an error; False when it had already ended."""
+        with self._cond:
+            if self._ended:
+                return False
+            event = Failure(error)
+            self._ended = True
+            self._post(event)
+        self._on_end(self, event)
+        return True
+
+    def _post(self, event: Event) -> None:
+        # Called with self._cond held.
+        self._events.append(event)
+        self._cond.notify_all()
+        waiter = self._waiter
+        if waiter is not None:
+            loop, future = waiter
+            try:
+                loop.call_soon_threadsafe(_wake, future)
+            except RuntimeError:  # the caller's loop is closed: nobody is listening any more
+                pass
+
+    def discard(self) -> bool:
+        """Mark a job the backend never took as ended, silently; False when it had ended already."""
+        with self._cond:
+            if self._ended:
+                return False
+            self._ended = True
+            return True
+
+    # ------------------------------------------------------------------ consumer side
+    def set_cancel_hook(self, hook: Callable[[], None]) -> None:
+        """How the backend aborts this job; runs at once if the job was already cancelled."""
+        self._cancel_hook = hook
+        if self.cancelled.is_set() and not self._ended:
+            hook()
+
+    def cancel(self) -> None:
+        """Ask the backend to abort this job (idempotent; a no-op once ended)."""
+        if self._ended or self.cancelled.is_set():
+            return
+        self.cancelled.set()
+        hook = self._cancel_hook
+        if hook is not None:
+            hook()
+
+    def next_event(self, timeout: float | None = None) -> Event:
+        """Block until the next event (works on any thread, needs no event loop)."""
+        with self._cond:
+            while not self._events:
+                if not self._cond.wait(timeout):
+                    raise TimeoutError(f"no event from request {self.request_id} within {timeout} s")
+            return self._events.popleft()
+
+    async def anext_event(self) -> Event:
+        """Await the next event without blocking the caller's loop."""
+        loop = asyncio.get_running_loop()
+        while True:
+            with self._cond:
+                if self._events:
+                    return self._events.popleft()
+                future = loop.create_future()
+                self._waiter = (loop, future)
+            try:
+                await future
+            finally:
+                with self._cond:
+                    self._waiter = None
