@@ -1,0 +1,592 @@
+"""LangChain ``VectorStore`` over gpuprompt's VectorIndex (pre-filtering, upsert, MMR, safe snapshots).
+
+The adapter converts LangChain documents to index records and back; search, filtering, MMR,
+batching of concurrent queries and persistence all live in the core index.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from langchain_core.documents import Document
+from langchain_core.embeddings import Embeddings
+from langchain_core.vectorstores import VectorStore
+from typing_extensions import Self
+
+from gpuprompt.errors import ConfigurationError, InputTypeError, InvalidInputError, describe
+from langchain_gpuprompt._embeddings import GPUPromptEmbeddings
+
+if TYPE_CHECKING:
+    from gpuprompt.index import Hit, Record, VectorIndex
+
+__all__ = ["GPUPromptVectorStore"]
+
+_METRICS = ("cosine", "ip", "l2")
+_BACKENDS = ("auto", "faiss", "torch")
+
+
+class GPUPromptVectorStore(VectorStore):
+    """Drop-in LangChain vector store backed by gpuprompt's :class:`~gpuprompt.VectorIndex`.
+
+    Works with any LangChain ``Embeddings``; with :class:`GPUPromptEmbeddings` the query
+    embedding stays on the device and concurrent searches are coalesced into batched index
+    searches. Filters use the core's dict language, so a LangChain user's ``{"color": "red"}``
+    just works, as do ``{"price": {"$lt": 50}}``, ``{"$or": [...]}`` and friends. Filters are
+    applied before the top-k cut: a search always returns ``min(k, matching documents)`` hits.
+    Scores are higher-is-better (cosine similarity for the default metric).
+
+    Setup:
+        .. code-block:: bash
+
+            pip install "gpuprompt[langchain]"
+
+    Instantiate:
+        .. code-block:: python
+
+            from langchain_gpuprompt import GPUPromptEmbeddings, GPUPromptVectorStore
+
+            store = GPUPromptVectorStore(GPUPromptEmbeddings())
+
+    Add documents (ids upsert):
+        .. code-block:: python
+
+            from langchain_core.documents import Document
+
+            store.add_documents(
+                [
+                    Document(page_content="red summer dress", metadata={"color": "red", "price": 40}),
+                    Document(page_content="blue denim jeans", metadata={"color": "blue", "price": 60}),
+                ],
+                ids=["p1", "p2"],
+            )
+
+    Search:
+        .. code-block:: python
+
+            store.similarity_search("something red to wear", k=1)
+            # [Document(id='p1', metadata={'color': 'red', 'price': 40}, page_content='red summer dress')]
+            store.similarity_search("clothes", k=5, filter={"price": {"$lt": 50}})
+            # [Document(id='p1', ...)]
+
+    Retriever:
+        .. code-block:: python
+
+            retriever = store.as_retriever(search_type="mmr", search_kwargs={"k": 4, "fetch_k": 20})
+
+    Persist (no pickle: nothing on the load path can execute code):
+        .. code-block:: python
+
+            store.save_local("kb")
+            store = GPUPromptVectorStore.load_local("kb", GPUPromptEmbeddings())
+
+    Args:
+        embedding: the LangChain embeddings used for documents and queries.
+        index: an existing core index to wrap (its metric and device then apply).
+        metric: ``"cosine"`` (default), ``"ip"`` or ``"l2"``.
+        backend: ``"auto"``, ``"faiss"`` or ``"torch"``.
+        device: ``"auto"``, ``"cpu"``, ``"cuda"``, ``"cuda:N"`` or ``"mps"``.
+        **index_options: further :class:`~gpuprompt.VectorIndex` options (``index_factory``, ...).
+    """
+
+    def __init__(
+        self,
+        embedding: Embeddings,
+        *,
+        index: VectorIndex | None = None,
+        metric: str = "cosine",
+        backend: str = "auto",
+        device: str = "auto",
+        **index_options: Any,
+    ) -> None:
+        if not isinstance(embedding, Embeddings):
+            raise InputTypeError(
+                f"'embedding' must be a langchain_core Embeddings, e.g. GPUPromptEmbeddings() (got {describe(embedding)})."
+            )
+        if metric not in _METRICS:
+            raise ConfigurationError(f"'metric' must be one of {list(_METRICS)} (got {describe(metric)}).")
+        if backend not in _BACKENDS:
+            raise ConfigurationError(f"'backend' must be one of {list(_BACKENDS)} (got {describe(backend)}).")
+        self.embedding = embedding
+        self._index: VectorIndex | None = index
+        self._metric = index.metric if index is not None else metric
+        self._index_options: dict[str, Any] = {"metric": metric, "backend": backend, "device": device, **index_options}
+        self._lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        count = len(self._index) if self._index is not None else 0
+        return f"<GPUPromptVectorStore {type(self.embedding).__name__} metric={self._metric!r} count={count}>"
+
+    # ------------------------------------------------------------------ plumbing
+    @property
+    def embeddings(self) -> Embeddings:
+        """The embeddings used for documents and queries."""
+        return self.embedding
+
+    @property
+    def index(self) -> VectorIndex | None:
+        """The core index (None until the first vectors fix its dimension)."""
+        return self._index
+
+    def _ensure_index(self, dim: int) -> VectorIndex:
+        if self._index is None:
+            with self._lock:
+                if self._index is None:
+                    from gpuprompt.index import VectorIndex
+
+                    self._index = VectorIndex(dim, **self._index_options)
+        return self._index
+
+    @property
+    def _device_embeddings(self) -> GPUPromptEmbeddings | None:
+        return self.embedding if isinstance(self.embedding, GPUPromptEmbeddings) else None
+
+    def _embed_documents(self, texts: list[str]) -> Any:
+        device = self._device_embeddings
+        if device is not None:
+            return device.embed_tensor(texts)
+        return _as_matrix(self.embedding.embed_documents(texts), "embeddings")
+
+    async def _aembed_documents(self, texts: list[str]) -> Any:
+        device = self._device_embeddings
+        if device is not None:
+            return await device.aembed_tensor(texts)
+        return _as_matrix(await self.embedding.aembed_documents(texts), "embeddings")
+
+    def _embed_query(self, query: str) -> Any:
+        _check_query(query)
+        device = self._device_embeddings
+        if device is not None:
+            return device.embed_tensor([query])
+        return _as_matrix([self.embedding.embed_query(query)], "embedding")
+
+    async def _aembed_query(self, query: str) -> Any:
+        _check_query(query)
+        device = self._device_embeddings
+        if device is not None:
+            return await device.aembed_tensor([query])
+        return _as_matrix([await self.embedding.aembed_query(query)], "embedding")
+
+    def _embedding_dim(self) -> int:
+        device = self._device_embeddings
+        if device is not None:
+            return device.embedder.dim
+        return len(self.embedding.embed_query("dimension probe"))
+
+    # ------------------------------------------------------------------ writes
+    def add_texts(
+        self,
+        texts: Iterable[str],
+        metadatas: list[dict[str, Any]] | None = None,
+        *,
+        ids: list[str | None] | None = None,
+        **kwargs: Any,
+    ) -> list[str]:
+        """Embed ``texts`` and upsert them (an existing id is replaced, never duplicated).
+
+        Args:
+            texts: the texts to add.
+            metadatas: one JSON-serialisable dict per text (or None).
+            ids: one id per text; None (or a None entry) gets a generated uuid4 hex id.
+
+        Returns:
+            The ids, in order.
+
+        Raises:
+            InvalidInputError: lengths differ, or an item has the wrong type; nothing is stored.
+        """
+        _no_kwargs("add_texts", kwargs)
+        texts, metadatas, ids = _prepare(texts, metadatas, ids)
+        if not texts:
+            return []
+        vectors = self._embed_documents(texts)
+        index = self._ensure_index(int(vectors.shape[1]))
+        return index.add(ids, vectors, documents=texts, metadatas=metadatas)
+
+    async def aadd_texts(
+        self,
+        texts: Iterable[str],
+        metadatas: list[dict[str, Any]] | None = None,
+        *,
+        ids: list[str | None] | None = None,
+        **kwargs: Any,
+    ) -> list[str]:
+        """Async :meth:`add_texts`: embedding is batched with other tasks; the index write runs
+        in a worker thread, never on the event loop."""
+        _no_kwargs("aadd_texts", kwargs)
+        texts, metadatas, ids = _prepare(texts, metadatas, ids)
+        if not texts:
+            return []
+        vectors = await self._aembed_documents(texts)
+        index = self._ensure_index(int(vectors.shape[1]))
+        return await asyncio.to_thread(index.add, ids, vectors, documents=texts, metadatas=metadatas)
+
+    def add_documents(self, documents: list[Document], **kwargs: Any) -> list[str]:
+        """Upsert ``documents``; ids come from ``ids=...``, else from each ``Document.id``."""
+        texts, metadatas, ids = _from_documents(documents, kwargs)
+        return self.add_texts(texts, metadatas, ids=ids, **kwargs)
+
+    async def aadd_documents(self, documents: list[Document], **kwargs: Any) -> list[str]:
+        """Async :meth:`add_documents`."""
+        texts, metadatas, ids = _from_documents(documents, kwargs)
+        return await self.aadd_texts(texts, metadatas, ids=ids, **kwargs)
+
+    def delete(self, ids: list[str] | None = None, **kwargs: Any) -> bool:
+        """Delete documents by id (missing ids are ignored); ``ids=None`` deletes everything.
+
+        Returns:
+            True (the store no longer holds any of ``ids``).
+        """
+        _no_kwargs("delete", kwargs)
+        if ids is not None:
+            ids = _check_ids(ids)
+        if self._index is None:
+            return True
+        if ids is None:
+            self._index.clear()
+        elif ids:
+            self._index.delete(ids)
+        return True
+
+    async def adelete(self, ids: list[str] | None = None, **kwargs: Any) -> bool:
+        """Async :meth:`delete` (runs in a worker thread)."""
+        return await asyncio.to_thread(self.delete, ids, **kwargs)
+
+    # ------------------------------------------------------------------ reads
+    def get_by_ids(self, ids: Sequence[str], /) -> list[Document]:
+        """The documents with these ids, in the order asked; missing ids are skipped."""
+        ids = _check_ids(ids)
+        if self._index is None or not ids:
+            return []
+        return [_record_document(record) for record in self._index.get(ids)]
+
+    async def aget_by_ids(self, ids: Sequence[str], /) -> list[Document]:
+        """Async :meth:`get_by_ids` (runs in a worker thread)."""
+        return await asyncio.to_thread(self.get_by_ids, ids)
+
+    # ------------------------------------------------------------------ similarity search
+    def similarity_search(
+        self, query: str, k: int = 4, filter: dict[str, Any] | None = None, **kwargs: Any
+    ) -> list[Document]:
+        """The ``k`` documents most similar to ``query`` (among those matching ``filter``).
+
+        Args:
+            query: the query text.
+            k: how many documents to return.
+            filter: a metadata filter in the core's dict language.
+            **kwargs: ``fetch_k`` is accepted for drop-in compatibility with FAISS and ignored
+                (the index pre-filters, so it never needs to over-fetch by hand).
+        """
+        return [doc for doc, _ in self.similarity_search_with_score(query, k, filter=filter, **kwargs)]
+
+    async def asimilarity_search(
+        self, query: str, k: int = 4, filter: dict[str, Any] | None = None, **kwargs: Any
+    ) -> list[Document]:
+        """Async :meth:`similarity_search`: concurrent searches run as one batched index search."""
+        return [doc for doc, _ in await self.asimilarity_search_with_score(query, k, filter=filter, **kwargs)]
+
+    def similarity_search_with_score(
+        self, query: str, k: int = 4, filter: dict[str, Any] | None = None, **kwargs: Any
+    ) -> list[tuple[Document, float]]:
+        """Like :meth:`similarity_search`, with each document's score (higher is more similar:
+        cosine similarity, inner product, or ``1 / (1 + squared L2)`` by metric)."""
+        _search_kwargs(kwargs)
+        vectors = self._embed_query(query)
+        return _scored(self._search(vectors, k, filter))
+
+    async def asimilarity_search_with_score(
+        self, query: str, k: int = 4, filter: dict[str, Any] | None = None, **kwargs: Any
+    ) -> list[tuple[Document, float]]:
+        """Async :meth:`similarity_search_with_score`."""
+        _search_kwargs(kwargs)
+        vectors = await self._aembed_query(query)
+        index = self._ensure_index(int(vectors.shape[1]))
+        return _scored((await index.asearch(vectors, k, filter=filter))[0])
+
+    def similarity_search_by_vector(
+        self, embedding: list[float], k: int = 4, filter: dict[str, Any] | None = None, **kwargs: Any
+    ) -> list[Document]:
+        """The ``k`` documents most similar to an embedding vector."""
+        return [doc for doc, _ in self.similarity_search_with_score_by_vector(embedding, k, filter=filter, **kwargs)]
+
+    async def asimilarity_search_by_vector(
+        self, embedding: list[float], k: int = 4, filter: dict[str, Any] | None = None, **kwargs: Any
+    ) -> list[Document]:
+        """Async :meth:`similarity_search_by_vector`."""
+        _search_kwargs(kwargs)
+        vectors = _as_matrix([embedding], "embedding")
+        index = self._ensure_index(int(vectors.shape[1]))
+        return [doc for doc, _ in _scored((await index.asearch(vectors, k, filter=filter))[0])]
+
+    def similarity_search_with_score_by_vector(
+        self, embedding: list[float], k: int = 4, filter: dict[str, Any] | None = None, **kwargs: Any
+    ) -> list[tuple[Document, float]]:
+        """Like :meth:`similarity_search_by_vector`, with scores (higher is more similar)."""
+        _search_kwargs(kwargs)
+        return _scored(self._search(_as_matrix([embedding], "embedding"), k, filter))
+
+    def _search(self, vectors: Any, k: int, filter: dict[str, Any] | None) -> list[Hit]:
+        index = self._ensure_index(int(vectors.shape[1]))
+        return index.search(vectors, k, filter=filter)[0]
+
+    def _select_relevance_score_fn(self) -> Callable[[float], float]:
+        """Map the index's higher-is-better score to a [0, 1] relevance.
+
+        ``l2`` scores are already ``1 / (1 + squared L2)`` in (0, 1]: kept as they are. ``cosine``
+        (and ``ip``, which equals cosine on normalised embeddings) is the similarity itself,
+        clamped to [0, 1]: a negative cosine is as irrelevant as an orthogonal one.
+        """
+        if self._metric == "l2":
+            return _identity
+        return _clamp01
+
+    # ------------------------------------------------------------------ MMR
+    def max_marginal_relevance_search(
+        self,
+        query: str,
+        k: int = 4,
+        fetch_k: int = 20,
+        lambda_mult: float = 0.5,
+        filter: dict[str, Any] | None = None,
+        **kwargs: Any,
+    ) -> list[Document]:
+        """Documents chosen by maximal marginal relevance (similar to ``query``, diverse among
+        themselves), computed by the core index on the device.
+
+        Args:
+            query: the query text.
+            k: how many documents to return.
+            fetch_k: how many nearest candidates MMR chooses from.
+            lambda_mult: 1 = pure similarity, 0 = maximum diversity.
+            filter: a metadata filter in the core's dict language.
+        """
+        _no_kwargs("max_marginal_relevance_search", kwargs)
+        vectors = self._embed_query(query)
+        return self._mmr(vectors, k, fetch_k, lambda_mult, filter)
+
+    async def amax_marginal_relevance_search(
+        self,
+        query: str,
+        k: int = 4,
+        fetch_k: int = 20,
+        lambda_mult: float = 0.5,
+        filter: dict[str, Any] | None = None,
+        **kwargs: Any,
+    ) -> list[Document]:
+        """Async :meth:`max_marginal_relevance_search`."""
+        _no_kwargs("amax_marginal_relevance_search", kwargs)
+        vectors = await self._aembed_query(query)
+        return await self._ammr(vectors, k, fetch_k, lambda_mult, filter)
+
+    def max_marginal_relevance_search_by_vector(
+        self,
+        embedding: list[float],
+        k: int = 4,
+        fetch_k: int = 20,
+        lambda_mult: float = 0.5,
+        filter: dict[str, Any] | None = None,
+        **kwargs: Any,
+    ) -> list[Document]:
+        """:meth:`max_marginal_relevance_search` from an embedding vector."""
+        _no_kwargs("max_marginal_relevance_search_by_vector", kwargs)
+        return self._mmr(_as_matrix([embedding], "embedding"), k, fetch_k, lambda_mult, filter)
+
+    async def amax_marginal_relevance_search_by_vector(
+        self,
+        embedding: list[float],
+        k: int = 4,
+        fetch_k: int = 20,
+        lambda_mult: float = 0.5,
+        filter: dict[str, Any] | None = None,
+        **kwargs: Any,
+    ) -> list[Document]:
+        """Async :meth:`max_marginal_relevance_search_by_vector`."""
+        _no_kwargs("amax_marginal_relevance_search_by_vector", kwargs)
+        return await self._ammr(_as_matrix([embedding], "embedding"), k, fetch_k, lambda_mult, filter)
+
+    def _mmr(self, vectors: Any, k: int, fetch_k: int, lambda_mult: float, filter: dict[str, Any] | None) -> list[Document]:
+        index = self._ensure_index(int(vectors.shape[1]))
+        hits = index.mmr(vectors[0], k=k, fetch_k=fetch_k, lambda_mult=lambda_mult, filter=filter)
+        return [_hit_document(hit) for hit in hits]
+
+    async def _ammr(
+        self, vectors: Any, k: int, fetch_k: int, lambda_mult: float, filter: dict[str, Any] | None
+    ) -> list[Document]:
+        index = self._ensure_index(int(vectors.shape[1]))
+        hits = await index.ammr(vectors[0], k=k, fetch_k=fetch_k, lambda_mult=lambda_mult, filter=filter)
+        return [_hit_document(hit) for hit in hits]
+
+    # ------------------------------------------------------------------ constructors
+    @classmethod
+    def from_texts(
+        cls,
+        texts: list[str],
+        embedding: Embeddings,
+        metadatas: list[dict[str, Any]] | None = None,
+        *,
+        ids: list[str | None] | None = None,
+        **kwargs: Any,
+    ) -> Self:
+        """A new store holding ``texts``; ``kwargs`` go to the constructor (``metric``, ...)."""
+        store = cls(embedding, **kwargs)
+        store.add_texts(texts, metadatas, ids=ids)
+        return store
+
+    @classmethod
+    async def afrom_texts(
+        cls,
+        texts: list[str],
+        embedding: Embeddings,
+        metadatas: list[dict[str, Any]] | None = None,
+        *,
+        ids: list[str | None] | None = None,
+        **kwargs: Any,
+    ) -> Self:
+        """Async :meth:`from_texts`."""
+        store = cls(embedding, **kwargs)
+        await store.aadd_texts(texts, metadatas, ids=ids)
+        return store
+
+    # ------------------------------------------------------------------ persistence
+    def save_local(self, folder_path: str | Path, index_name: str = "index") -> None:
+        """Save a snapshot to ``folder_path/index_name`` in the core's safe format.
+
+        Vectors go in the backend's native format, documents and metadata as JSON, with a
+        checksummed manifest; the snapshot is written aside and renamed into place, so a crash
+        mid-save leaves the previous snapshot intact. Nothing is pickled.
+        """
+        index = self._index if self._index is not None else self._ensure_index(self._embedding_dim())
+        folder = Path(folder_path)
+        folder.mkdir(parents=True, exist_ok=True)
+        index.save(folder / index_name)
+
+    @classmethod
+    def load_local(
+        cls,
+        folder_path: str | Path,
+        embeddings: Embeddings,
+        index_name: str = "index",
+        *,
+        allow_dangerous_deserialization: bool = False,
+        device: str = "auto",
+        **kwargs: Any,
+    ) -> Self:
+        """Load a snapshot written by :meth:`save_local`.
+
+        Args:
+            folder_path: the folder given to :meth:`save_local`.
+            embeddings: the embeddings to use for queries (the same model that built it).
+            index_name: the snapshot's name inside the folder.
+            allow_dangerous_deserialization: accepted so code written for community FAISS runs
+                unchanged; it changes nothing, because nothing on this load path is unpickled.
+            device: where to load the index.
+            **kwargs: further constructor options.
+
+        Raises:
+            SnapshotError: the snapshot is missing, truncated, tampered with or of another format.
+        """
+        from gpuprompt.index import VectorIndex
+
+        index = VectorIndex.load(Path(folder_path) / index_name, device=device)
+        return cls(embeddings, index=index, **kwargs)
+
+
+# ---------------------------------------------------------------------- helpers
+def _identity(score: float) -> float:
+    return score
+
+
+def _clamp01(score: float) -> float:
+    return min(1.0, max(0.0, score))
+
+
+def _check_query(query: Any) -> None:
+    if not isinstance(query, str):
+        raise InputTypeError(f"'query' must be a str (got {describe(query)}).")
+
+
+def _check_ids(ids: Any) -> list[str]:
+    if isinstance(ids, (str, bytes)) or not isinstance(ids, Sequence):
+        raise InputTypeError(f"'ids' must be a list of str (got {describe(ids)}).")
+    for position, item in enumerate(ids):
+        if not isinstance(item, str):
+            raise InputTypeError(f"'ids[{position}]' must be a str (got {describe(item)}).")
+    return list(ids)
+
+
+def _no_kwargs(method: str, kwargs: dict[str, Any]) -> None:
+    if kwargs:
+        raise InvalidInputError(
+            f"GPUPromptVectorStore.{method}() got unexpected keyword argument(s) {sorted(kwargs)}; "
+            "see its docstring for the accepted ones."
+        )
+
+
+def _search_kwargs(kwargs: dict[str, Any]) -> None:
+    kwargs.pop("fetch_k", None)  # community FAISS compatibility: our pre-filter needs no over-fetch
+    if kwargs:
+        raise InvalidInputError(
+            f"unexpected search keyword argument(s) {sorted(kwargs)}; valid: 'k', 'filter' "
+            "(and 'score_threshold' for the relevance-score search)."
+        )
+
+
+def _as_matrix(rows: Any, name: str) -> Any:
+    import numpy as np
+
+    try:
+        matrix = np.asarray(rows, dtype=np.float32)
+    except (TypeError, ValueError) as exc:
+        raise InputTypeError(f"'{name}' must be a list of floats (or rows of them) (got {describe(rows)}).") from exc
+    if matrix.ndim != 2:
+        raise InputTypeError(f"'{name}' must be a flat list of floats (got an array of shape {matrix.shape[1:]}).")
+    return matrix
+
+
+def _prepare(
+    texts: Iterable[str], metadatas: list[dict[str, Any]] | None, ids: list[str | None] | None
+) -> tuple[list[str], list[dict[str, Any]] | None, list[str | None] | None]:
+    if isinstance(texts, (str, bytes)):
+        raise InputTypeError("'texts' must be a list of str, got a bare str; wrap it in a list: [text].")
+    texts = list(texts)
+    for position, text in enumerate(texts):
+        if not isinstance(text, str):
+            raise InputTypeError(f"'texts[{position}]' must be a str (got {describe(text)}).")
+    if metadatas is not None:
+        if len(metadatas) != len(texts):
+            raise InvalidInputError(
+                f"'metadatas' must have one entry per text ({len(texts)}) (got {len(metadatas)} entries)."
+            )
+        metadatas = [dict(m) if m is not None else {} for m in metadatas]
+    if ids is not None and (isinstance(ids, (str, bytes)) or len(ids) != len(texts)):
+        got = f"a bare {type(ids).__name__}" if isinstance(ids, (str, bytes)) else f"{len(ids)} entries"
+        raise InvalidInputError(f"'ids' must be a list with one entry per text ({len(texts)}) (got {got}).")
+    # Checked before embedding so a bad call costs nothing; None ids are generated by the index.
+    return texts, metadatas, ids
+
+
+def _from_documents(documents: list[Document], kwargs: dict[str, Any]) -> tuple[list[str], list[dict[str, Any]], Any]:
+    if isinstance(documents, Document) or not isinstance(documents, Sequence):
+        raise InputTypeError(f"'documents' must be a list of Document (got {describe(documents)}).")
+    for position, doc in enumerate(documents):
+        if not isinstance(doc, Document):
+            raise InputTypeError(f"'documents[{position}]' must be a Document (got {describe(doc)}).")
+    ids = kwargs.pop("ids", None)
+    if ids is None and any(doc.id for doc in documents):
+        ids = [doc.id for doc in documents]
+    return [doc.page_content for doc in documents], [doc.metadata for doc in documents], ids
+
+
+def _record_document(record: Record) -> Document:
+    return Document(id=record.id, page_content=record.document or "", metadata=dict(record.metadata))
+
+
+def _hit_document(hit: Hit) -> Document:
+    return Document(id=hit.id, page_content=hit.document or "", metadata=dict(hit.metadata))
+
+
+def _scored(hits: list[Hit]) -> list[tuple[Document, float]]:
+    return [(_hit_document(hit), float(hit.score)) for hit in hits]
