@@ -14,6 +14,7 @@ if TYPE_CHECKING:
     from gpuprompt.batching import BatcherStats, MicroBatcher
     from gpuprompt.context import ContextCache, ContextStats, Turn
     from gpuprompt.embedder import Embedder, EmbedderConfig, EmbedderStats, EmbeddingCache
+    from gpuprompt.index import Hit, Record, VectorIndex
     from gpuprompt.llm import GenerationRequest, GenerationResult, LLMEngine, StreamDelta, Timings, Usage
     from gpuprompt.runtime import Runtime, get_runtime, resolve_device
 
@@ -24,6 +25,9 @@ _EXPORTS: dict[str, str] = {
     "EmbedderConfig": "gpuprompt.embedder",
     "EmbedderStats": "gpuprompt.embedder",
     "EmbeddingCache": "gpuprompt.embedder",
+    "Hit": "gpuprompt.index",
+    "Record": "gpuprompt.index",
+    "VectorIndex": "gpuprompt.index",
     "GenerationRequest": "gpuprompt.llm",
     "GenerationResult": "gpuprompt.llm",
     "LLMEngine": "gpuprompt.llm",
