@@ -7,7 +7,9 @@ Every call, sync or async, streaming or not, becomes one request in the engine, 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Sequence
+import functools
+import inspect
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
 from llama_index.core.base.llms.types import (
@@ -80,6 +82,43 @@ def _raw(result: GenerationResult) -> dict[str, Any]:
             "total_s": result.timings.total_s,
         },
     }
+
+
+def _check_messages(messages: Any) -> None:
+    if isinstance(messages, (str, ChatMessage)) or not isinstance(messages, Sequence):
+        raise InputTypeError(f"'messages' must be a list of ChatMessage (got {describe(messages)}).")
+    for i, message in enumerate(messages):
+        if not isinstance(message, ChatMessage):
+            raise InputTypeError(f"'messages[{i}]' must be a ChatMessage (got {describe(message)}).")
+
+
+def _check_prompt(prompt: Any) -> None:
+    if not isinstance(prompt, str):
+        raise InputTypeError(f"'prompt' must be a str (got {describe(prompt)}).")
+
+
+def _validated(check: Callable[[Any], None]) -> Callable[[Callable], Callable]:
+    """Check the first argument before LlamaIndex's callback decorator sees it, so bad input
+    gets gpuprompt's typed error rather than a pydantic error from an instrumentation event."""
+
+    def wrap(f: Callable) -> Callable:
+        if inspect.iscoroutinefunction(f):
+
+            @functools.wraps(f)
+            async def async_wrapper(self: Any, first: Any, *args: Any, **kwargs: Any) -> Any:
+                check(first)
+                return await f(self, first, *args, **kwargs)
+
+            return async_wrapper
+
+        @functools.wraps(f)
+        def wrapper(self: Any, first: Any, *args: Any, **kwargs: Any) -> Any:
+            check(first)
+            return f(self, first, *args, **kwargs)
+
+        return wrapper
+
+    return wrap
 
 
 class GPUPromptLLM(LLM):
@@ -203,12 +242,9 @@ class GPUPromptLLM(LLM):
 
     @staticmethod
     def _messages(messages: Sequence[ChatMessage]) -> list[dict[str, str]]:
-        if isinstance(messages, (str, ChatMessage)) or not isinstance(messages, Sequence):
-            raise InputTypeError(f"'messages' must be a list of ChatMessage (got {describe(messages)}).")
+        _check_messages(messages)
         converted = []
         for i, message in enumerate(messages):
-            if not isinstance(message, ChatMessage):
-                raise InputTypeError(f"'messages[{i}]' must be a ChatMessage (got {describe(message)}).")
             if any(not isinstance(block, TextBlock) for block in message.blocks):
                 kinds = sorted({type(block).__name__ for block in message.blocks if not isinstance(block, TextBlock)})
                 raise InvalidInputError(
@@ -220,8 +256,7 @@ class GPUPromptLLM(LLM):
         return converted
 
     def _complete_request(self, prompt: Any, formatted: bool, kwargs: dict[str, Any]) -> GenerationRequest:
-        if not isinstance(prompt, str):
-            raise InputTypeError(f"'prompt' must be a str (got {describe(prompt)}).")
+        _check_prompt(prompt)
         if formatted:
             # Already formatted for the model (a template applied upstream): send it raw.
             return self._request(prompt=prompt, **kwargs)
@@ -245,6 +280,7 @@ class GPUPromptLLM(LLM):
         return CompletionResponse(text=result.text, raw=raw, additional_kwargs=dict(raw["usage"]))
 
     # ------------------------------------------------------------------ chat
+    @_validated(_check_messages)
     @llm_chat_callback()
     def chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponse:
         """Generate the assistant's reply to ``messages`` (blocks this thread; needs no event loop).
@@ -262,6 +298,7 @@ class GPUPromptLLM(LLM):
         [result] = self.engine.generate([request])
         return self._chat_response(result)
 
+    @_validated(_check_messages)
     @llm_chat_callback()
     async def achat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponse:
         """Async :meth:`chat`: awaits the engine; concurrent calls are generated in one batch."""
@@ -269,6 +306,7 @@ class GPUPromptLLM(LLM):
         result = await self.engine.agenerate(request)
         return self._chat_response(result)
 
+    @_validated(_check_messages)
     @llm_chat_callback()
     def stream_chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponseGen:
         """Stream the reply; each response holds the text so far and the new ``delta``."""
@@ -291,6 +329,7 @@ class GPUPromptLLM(LLM):
 
         return gen()
 
+    @_validated(_check_messages)
     @llm_chat_callback()
     async def astream_chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponseAsyncGen:
         """Async :meth:`stream_chat`; closing the generator early aborts the request in the engine."""
@@ -314,6 +353,7 @@ class GPUPromptLLM(LLM):
         return gen()
 
     # ------------------------------------------------------------------ completion
+    @_validated(_check_prompt)
     @llm_completion_callback()
     def complete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponse:
         """Complete ``prompt``: as a user message through the chat template, or raw when ``formatted``."""
@@ -321,6 +361,7 @@ class GPUPromptLLM(LLM):
         [result] = self.engine.generate([request])
         return self._completion_response(result)
 
+    @_validated(_check_prompt)
     @llm_completion_callback()
     async def acomplete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponse:
         """Async :meth:`complete`: awaits the engine; concurrent calls are generated in one batch."""
@@ -328,6 +369,7 @@ class GPUPromptLLM(LLM):
         result = await self.engine.agenerate(request)
         return self._completion_response(result)
 
+    @_validated(_check_prompt)
     @llm_completion_callback()
     def stream_complete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponseGen:
         """Stream a completion; each response holds the text so far and the new ``delta``."""
@@ -345,6 +387,7 @@ class GPUPromptLLM(LLM):
 
         return gen()
 
+    @_validated(_check_prompt)
     @llm_completion_callback()
     async def astream_complete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponseAsyncGen:
         """Async :meth:`stream_complete`; closing the generator early aborts the request."""

@@ -1,0 +1,52 @@
+"""The public surface of llamaindex_gpuprompt is pinned, and importing it loads nothing heavy."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import llamaindex_gpuprompt
+
+EXPECTED_ALL = [
+    "GPUPromptContextMemoryBlock",
+    "GPUPromptEmbedding",
+    "GPUPromptLLM",
+    "GPUPromptVectorStore",
+    "to_core_filter",
+]
+
+HEAVY = ("torch", "faiss", "vllm", "transformers", "sentence_transformers")
+
+
+def test_all_is_pinned() -> None:
+    assert sorted(llamaindex_gpuprompt.__all__) == EXPECTED_ALL
+    for name in llamaindex_gpuprompt.__all__:
+        assert getattr(llamaindex_gpuprompt, name) is not None
+
+
+def test_unknown_name_raises_attribute_error() -> None:
+    try:
+        llamaindex_gpuprompt.NoSuchThing  # noqa: B018
+    except AttributeError as exc:
+        assert "NoSuchThing" in str(exc)
+    else:  # pragma: no cover
+        raise AssertionError("expected AttributeError")
+
+
+def _heavy_modules_after(code: str) -> list[str]:
+    probe = code + f"\nimport sys\nprint(','.join(m for m in {HEAVY!r} if m in sys.modules))\n"
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
+    return [m for m in out.strip().split(",") if m]
+
+
+def test_import_loads_no_torch_nor_llama_index() -> None:
+    code = "import llamaindex_gpuprompt\nimport sys\nassert 'llama_index.core' not in sys.modules"
+    assert _heavy_modules_after(code) == []
+
+
+def test_public_classes_and_construction_load_nothing_heavy() -> None:
+    code = (
+        "from llamaindex_gpuprompt import *\n"
+        "GPUPromptEmbedding(); GPUPromptVectorStore(); GPUPromptLLM(); GPUPromptContextMemoryBlock()\n"
+    )
+    assert _heavy_modules_after(code) == []
