@@ -1,0 +1,266 @@
+"""VectorIndex snapshots: round trips per backend, refusal of damaged ones, no pickle, kill mid-save."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from gpuprompt import VectorIndex
+from gpuprompt.errors import InvalidInputError, SnapshotError
+
+DIM = 16
+
+BACKENDS = {
+    "torch": {"backend": "torch", "device": "cpu"},
+    "auto": {},
+    "faiss-flat": {"backend": "faiss", "device": "cpu"},
+    "faiss-hnsw": {"backend": "faiss", "device": "cpu", "index_factory": "HNSW16", "ef_search": 256, "compact_fraction": 5.0},
+    "faiss-ivf": {"backend": "faiss", "device": "cpu", "index_factory": "IVF8,Flat", "nprobe": 8},
+    "faiss-ivf-untrained": {"backend": "faiss", "device": "cpu", "index_factory": "IVF64,Flat", "nprobe": 64},
+}
+
+
+def _data(n: int = 1500, seed: int = 0) -> tuple[list[str], np.ndarray, list[str], list[dict]]:
+    rng = np.random.default_rng(seed)
+    vectors = rng.standard_normal((n, DIM)).astype(np.float32)
+    ids = [f"id-{seed}-{i}" for i in range(n)]
+    docs = [f"document {i} ünïcode ✓" if i % 3 else None for i in range(n)]
+    metas = [{"i": i, "tags": ["a", "b"][: i % 3], "nested": {"x": i / 7}} for i in range(n)]
+    return ids, vectors, docs, metas
+
+
+def _build(kind: str, n: int = 1500) -> VectorIndex:
+    index = VectorIndex(DIM, **BACKENDS[kind])
+    ids, vectors, docs, metas = _data(n)
+    index.add(ids, vectors, docs, metas)
+    index.delete(ids[:100])  # tombstones in HNSW (kept: compact_fraction=5), real removals elsewhere
+    index.add(ids[100:150], vectors[100:150] * 2, docs[100:150], metas[100:150])  # upserts
+    return index
+
+
+def _snapshot_of(index: VectorIndex) -> tuple:
+    ids = sorted(index.ids())
+    records = index.get(ids)
+    queries = np.random.default_rng(7).standard_normal((5, DIM)).astype(np.float32)
+    hits = [[(h.id, round(h.score, 5), h.document, h.metadata) for h in row]
+            for row in index.search(queries, k=7, filter={"i": {"$gte": 200}})]
+    return ids, [(r.id, r.vector.tobytes(), r.document, r.metadata) for r in records], hits
+
+
+@pytest.mark.parametrize("kind", list(BACKENDS))
+def test_round_trip_per_backend(tmp_path: Path, kind: str) -> None:
+    index = _build(kind)
+    before = _snapshot_of(index)
+    index.save(tmp_path / "snap")
+    manifest = json.loads((tmp_path / "snap" / "manifest.json").read_text())
+    assert manifest["format_version"] == 1 and manifest["dim"] == DIM and manifest["metric"] == "cosine"
+    assert manifest["count"] == index.count == 1400
+    expected_files = {"vectors.npy", "labels.npy", "records.jsonl"}
+    if index.backend_name.startswith("faiss") and index._backend.is_trained:
+        expected_files.add("index.faiss")
+    assert set(manifest["files"]) == expected_files
+    for name, info in manifest["files"].items():
+        assert hashlib.sha256((tmp_path / "snap" / name).read_bytes()).hexdigest() == info["sha256"]
+    loaded = VectorIndex.load(tmp_path / "snap", device="cpu")
+    assert loaded.backend_name == index.backend_name
+    assert _snapshot_of(loaded) == before
+    if kind == "faiss-hnsw":
+        assert loaded.stats().tombstones == index.stats().tombstones > 0
+    # the loaded index keeps working: new records never alias old labels or tombstones
+    ids, vectors, docs, metas = _data(60, seed=1)
+    loaded.add(ids, vectors, docs, metas)
+    loaded.delete(["id-0-500"])
+    hits = loaded.search(vectors[:10], k=1)
+    assert [row[0].id for row in hits] == ids[:10]
+    assert loaded.count == 1400 + 60 - 1
+
+
+def test_load_on_another_backend(tmp_path: Path) -> None:
+    index = _build("faiss-hnsw")
+    index.save(tmp_path / "snap")
+    moved = VectorIndex.load(tmp_path / "snap", device="cpu", backend="torch")
+    assert moved.backend_name == "torch:cpu:float32"
+    assert sorted(moved.ids()) == sorted(index.ids())
+    query = index.get(["id-0-700"])[0].vector
+    assert moved.search(query, k=1)[0][0].id == "id-0-700"
+
+
+def test_save_replaces_and_empty_index(tmp_path: Path) -> None:
+    path = tmp_path / "snap"
+    empty = VectorIndex(DIM)
+    empty.save(path)
+    assert VectorIndex.load(path).count == 0
+    index = _build("torch", 300)
+    index.save(path)  # replaces the previous snapshot
+    assert VectorIndex.load(path).count == 200
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["snap"]  # no temp or backup folders left
+
+
+def test_refuses_to_overwrite_something_else(tmp_path: Path) -> None:
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "precious.txt").write_text("keep me")
+    (tmp_path / "file").write_text("x")
+    index = _build("torch", 300)
+    for target in (tmp_path / "mine", tmp_path / "file"):
+        with pytest.raises(InvalidInputError, match="not a snapshot"):
+            index.save(target)
+    assert (tmp_path / "mine" / "precious.txt").read_text() == "keep me"
+    assert (tmp_path / "file").read_text() == "x"
+    with pytest.raises(SnapshotError, match="no manifest.json"):
+        VectorIndex.load(tmp_path / "mine")
+    with pytest.raises(SnapshotError, match="does not exist"):
+        VectorIndex.load(tmp_path / "nothing-here")
+
+
+# ---------------------------------------------------------------------------------------- damage
+@pytest.fixture()
+def saved(tmp_path: Path) -> Path:
+    _build("faiss-hnsw", 400).save(tmp_path / "snap")
+    return tmp_path / "snap"
+
+
+def _rewrite_manifest(path: Path, change) -> None:
+    manifest = json.loads((path / "manifest.json").read_text())
+    change(manifest)
+    (path / "manifest.json").write_text(json.dumps(manifest))
+
+
+def _flip_byte(file: Path, offset: int) -> None:
+    data = bytearray(file.read_bytes())
+    data[offset] ^= 0x01
+    file.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize(
+    ("damage", "words"),
+    [
+        (lambda p: (p / "vectors.npy").write_bytes((p / "vectors.npy").read_bytes()[:-100]), "vectors.npy has .* bytes"),
+        (lambda p: (p / "index.faiss").write_bytes((p / "index.faiss").read_bytes()[:50]), "index.faiss has .* bytes"),
+        (lambda p: _flip_byte(p / "records.jsonl", 40), "records.jsonl has sha256"),
+        (lambda p: _flip_byte(p / "vectors.npy", 500), "vectors.npy has sha256"),
+        (lambda p: _flip_byte(p / "index.faiss", 300), "index.faiss has sha256"),
+        (lambda p: (p / "labels.npy").unlink(), "labels.npy is missing"),
+        (lambda p: (p / "manifest.json").write_text("{not json"), "not valid JSON"),
+        (lambda p: (p / "manifest.json").write_text((p / "manifest.json").read_text()[:30]), "not valid JSON"),
+        (lambda p: _rewrite_manifest(p, lambda m: m.update(format_version=99)), "format version 99"),
+        (lambda p: _rewrite_manifest(p, lambda m: m.update(format="other")), "not a gpuprompt.vector-index"),
+        (lambda p: _rewrite_manifest(p, lambda m: m.update(dim="16")), "'dim' must be a int"),
+        (lambda p: _rewrite_manifest(p, lambda m: m.update(count=999)), "expected float32 \\(999, 16\\)"),
+        (lambda p: _rewrite_manifest(p, lambda m: m["files"].pop("records.jsonl")), "it needs"),
+        (lambda p: _rewrite_manifest(p, lambda m: m["files"].update({"../x": {}})), "bad file name"),
+    ],
+)
+def test_damaged_snapshot_is_refused(saved: Path, damage, words: str) -> None:
+    damage(saved)
+    with pytest.raises(SnapshotError, match=words):
+        VectorIndex.load(saved)
+
+
+def _rechecksum(path: Path, name: str) -> None:
+    data = (path / name).read_bytes()
+    _rewrite_manifest(path, lambda m: m["files"].update(
+        {name: {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}}))
+
+
+def test_pickle_payload_never_executes(saved: Path, tmp_path: Path) -> None:
+    marker = tmp_path / "pwned"
+
+    class Evil:
+        def __reduce__(self):
+            return (os.system, (f"touch {marker}",))
+
+    # An object array is stored with pickle by numpy; the checksum is made to match, as an attacker would.
+    with open(saved / "vectors.npy", "wb") as handle:
+        np.save(handle, np.array([Evil()], dtype=object), allow_pickle=True)
+    _rechecksum(saved, "vectors.npy")
+    with pytest.raises(SnapshotError, match="not a plain numeric .npy"):
+        VectorIndex.load(saved)
+    assert not marker.exists()
+
+
+def test_inconsistent_but_checksummed_content_is_refused(saved: Path) -> None:
+    lines = (saved / "records.jsonl").read_text(encoding="utf-8").splitlines()
+    (saved / "records.jsonl").write_text("\n".join(lines[:-1] + [lines[0]]) + "\n", encoding="utf-8")
+    _rechecksum(saved, "records.jsonl")
+    with pytest.raises(SnapshotError, match="repeats an id"):
+        VectorIndex.load(saved)
+    (saved / "records.jsonl").write_text("\n".join(lines[:-1]) + "\n", encoding="utf-8")
+    _rechecksum(saved, "records.jsonl")
+    with pytest.raises(SnapshotError, match="holds 299 records"):
+        VectorIndex.load(saved)
+    (saved / "records.jsonl").write_text("\n".join(['{"id": 3, "document": null, "metadata": {}}'] + lines[1:]) + "\n")
+    _rechecksum(saved, "records.jsonl")
+    with pytest.raises(SnapshotError, match="line 1"):
+        VectorIndex.load(saved)
+
+
+# ---------------------------------------------------------------------------------------- crashes
+_CHILD = textwrap.dedent(
+    """
+    import os, sys, time
+    import numpy as np
+    from gpuprompt import VectorIndex
+    from gpuprompt.index import _persist
+
+    path, mode = sys.argv[1], sys.argv[2]
+    index = VectorIndex(16, backend="faiss", index_factory="HNSW16")
+    rng = np.random.default_rng(5)
+    index.add([f"new-{i}" for i in range(500)], rng.standard_normal((500, 16)).astype(np.float32))
+
+    def pause():
+        print("PAUSED", flush=True)
+        time.sleep(600)
+
+    if mode == "writing":
+        original = _persist._write_records
+        def slow_records(file, records):
+            original(file, records)
+            pause()  # vectors and records are written to the temp folder, manifest not yet
+        _persist._write_records = slow_records
+    else:
+        real_rename = os.rename
+        def rename(src, dst):
+            real_rename(src, dst)
+            if ".bak-" in str(dst):
+                pause()  # the old snapshot is moved aside, the new one not yet in place
+        _persist.os.rename = rename
+    index.save(path)
+    print("SAVED", flush=True)
+    """
+)
+
+
+@pytest.mark.parametrize("mode", ["writing", "swapping"])
+def test_save_killed_midway_leaves_previous_snapshot_loadable(tmp_path: Path, mode: str) -> None:
+    path = tmp_path / "snap"
+    previous = _build("torch", 300)
+    previous.save(path)
+    expected = _snapshot_of(previous)
+    script = tmp_path / "child.py"
+    script.write_text(_CHILD)
+    child = subprocess.Popen([sys.executable, str(script), str(path), mode], stdout=subprocess.PIPE, text=True)
+    try:
+        line = child.stdout.readline()
+        assert line.strip() == "PAUSED", line
+        os.kill(child.pid, signal.SIGKILL)
+    finally:
+        child.wait(timeout=60)
+        child.stdout.close()
+    assert child.returncode == -signal.SIGKILL
+    leftovers = sorted(p.name.split("-")[0] for p in tmp_path.iterdir() if p.name.startswith("snap."))
+    assert leftovers == (["snap.tmp"] if mode == "writing" else ["snap.bak", "snap.tmp"])
+    restored = VectorIndex.load(path)
+    assert _snapshot_of(restored) == expected
+    # the next save succeeds and clears the leftovers
+    restored.save(path)
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("snap")) == ["snap"]
+    assert _snapshot_of(VectorIndex.load(path)) == expected
