@@ -615,10 +615,24 @@ class VectorIndex:
                     out.append(Record(key, store.vectors[row].copy(), store.documents[row], copy_json(store.metadatas[row])))
             return out
 
-    def ids(self) -> list[str]:
-        """Every id, in storage order."""
+    def ids(self, filter: Mapping[str, Any] | None = None) -> list[str]:
+        """Every id, in storage order; with ``filter``, only the ids of the matching records.
+
+        The filter is evaluated once per index version and cached, like a search's.
+
+        Raises:
+            FilterError: a malformed filter (the message names the path in it).
+        """
+        key = None
+        if filter is not None:
+            compile_filter(filter)  # raises FilterError naming the path
+            key = filter_key(filter)
         with self._lock.read():
-            return list(self._store.ids)
+            store = self._store
+            allowed = self._allowed(key, filter) if key is not None else None
+            if allowed is None:
+                return list(store.ids)
+            return [store.ids[row] for row in allowed.rows.tolist()]
 
     def search(self, queries: Any, k: int, filter: Mapping[str, Any] | None = None) -> list[list[Hit]]:
         """The ``k`` best records for each query, best first.

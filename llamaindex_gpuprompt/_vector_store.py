@@ -1,0 +1,469 @@
+"""GPUPromptVectorStore: a LlamaIndex vector store over gpuprompt's ``VectorIndex``.
+
+Nodes are kept whole (text, metadata, relationships); searches are pre-filtered in the core,
+coalesced across concurrent ``aquery`` calls, and scored higher-is-better.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, Literal
+
+from llama_index.core.bridge.pydantic import ConfigDict, Field, PrivateAttr
+from llama_index.core.schema import BaseNode, MetadataMode
+from llama_index.core.vector_stores.types import (
+    DEFAULT_PERSIST_DIR,
+    DEFAULT_PERSIST_FNAME,
+    BasePydanticVectorStore,
+    MetadataFilters,
+    VectorStoreQuery,
+    VectorStoreQueryMode,
+    VectorStoreQueryResult,
+)
+from llama_index.core.vector_stores.utils import metadata_dict_to_node, node_to_metadata_dict
+
+from gpuprompt.errors import (
+    ConfigurationError,
+    DimensionMismatchError,
+    InputTypeError,
+    InvalidInputError,
+    describe,
+)
+from llamaindex_gpuprompt._filters import to_core_filter
+
+if TYPE_CHECKING:
+    from gpuprompt.index import Hit, Record, VectorIndex
+
+__all__ = ["GPUPromptVectorStore"]
+
+NODE_KEY = "_llamaindex_node"
+"""The one metadata key the store reserves: the node's serialised form, id and ref_doc_id.
+
+Everything else in a record's metadata is the user's node metadata, which filters see."""
+
+_NAMESPACE_SEP = "__"
+_DEFAULT_NAMESPACE = "default"
+_MODES = (VectorStoreQueryMode.DEFAULT, VectorStoreQueryMode.MMR)
+
+
+def _and(*filters: dict[str, Any] | None) -> dict[str, Any] | None:
+    parts = [f for f in filters if f]
+    if not parts:
+        return None
+    return parts[0] if len(parts) == 1 else {"$and": parts}
+
+
+def _id_list(value: Any, name: str) -> list[str] | None:
+    if value is None:
+        return None
+    if isinstance(value, str) or not isinstance(value, (list, tuple, set)):
+        raise InputTypeError(f"'{name}' must be None or a list of str (got {describe(value)}).")
+    for i, item in enumerate(value):
+        if not isinstance(item, str):
+            raise InputTypeError(f"'{name}[{i}]' must be a str (got {describe(item)}).")
+    return list(value)
+
+
+class GPUPromptVectorStore(BasePydanticVectorStore):
+    """LlamaIndex vector store backed by gpuprompt's VectorIndex (Faiss or torch, CPU or GPU).
+
+    Unlike the stock ``FaissVectorStore`` it keeps each node's text, metadata and relationships
+    (``stores_text=True``, so ``VectorStoreIndex.from_vector_store`` and ``VectorMemoryBlock``
+    work), deletes by document or by node, filters with every ``FilterOperator`` (nested
+    ``MetadataFilters`` too) *before* ranking, supports MMR, returns similarities where higher is
+    better, batches concurrent ``aquery`` calls into one search, and persists without pickle.
+
+    Example:
+        >>> from llama_index.core import StorageContext, VectorStoreIndex
+        >>> from llamaindex_gpuprompt import GPUPromptVectorStore
+        >>> store = GPUPromptVectorStore()                       # dim taken from the first nodes
+        >>> storage = StorageContext.from_defaults(vector_store=store)
+        >>> index = VectorStoreIndex.from_documents(documents, storage_context=storage)
+        >>> index.as_retriever(similarity_top_k=3, filters=filters).retrieve("red dress")
+        >>> storage.persist("./storage")                          # writes ./storage/default__vector_store.json/
+        >>> store = GPUPromptVectorStore.from_persist_dir("./storage")
+        >>> index = VectorStoreIndex.from_vector_store(store)
+
+    Args:
+        index: an existing :class:`gpuprompt.VectorIndex` to wrap (then ``dim``, ``metric``,
+            ``backend``, ``device`` and ``index_options`` are taken from it or ignored).
+        **kwargs: the fields below.
+    """
+
+    model_config = ConfigDict(extra="forbid", arbitrary_types_allowed=True)
+
+    stores_text: bool = True
+    is_embedding_query: bool = True
+    dim: int | None = Field(default=None, ge=1, description="Vector dimension; None: taken from the first nodes added.")
+    metric: Literal["cosine", "ip", "l2"] = Field(default="cosine", description="Similarity metric of the index.")
+    backend: Literal["auto", "faiss", "torch"] = Field(default="auto", description="Index backend.")
+    device: str = Field(default="auto", description="'auto', 'cpu', 'cuda', 'cuda:N'.")
+    index_options: dict[str, Any] = Field(
+        default_factory=dict, description="Other gpuprompt.VectorIndex options (index_factory, ...)."
+    )
+    mmr_prefetch_factor: float = Field(
+        default=4.0, ge=1.0, description="MMR: candidates fetched = similarity_top_k x this (at least 20)."
+    )
+
+    _index: VectorIndex | None = PrivateAttr(default=None)
+    _index_lock: threading.Lock = PrivateAttr(default_factory=threading.Lock)
+
+    def __init__(self, *, index: VectorIndex | None = None, **kwargs: Any) -> None:
+        if index is not None:
+            from gpuprompt.index import VectorIndex
+
+            if not isinstance(index, VectorIndex):
+                raise ConfigurationError(f"'index' must be a gpuprompt.VectorIndex or None (got {describe(index)}).")
+            kwargs.setdefault("dim", index.dim)
+            kwargs.setdefault("metric", index.metric)
+        super().__init__(**kwargs)
+        self._index = index
+
+    @classmethod
+    def class_name(cls) -> str:
+        return "GPUPromptVectorStore"
+
+    def __repr__(self) -> str:
+        count = len(self._index) if self._index is not None else 0
+        return f"GPUPromptVectorStore(dim={self.dim}, metric={self.metric!r}, nodes={count})"
+
+    # ------------------------------------------------------------------ the core object
+    @property
+    def client(self) -> VectorIndex | None:
+        """The core :class:`gpuprompt.VectorIndex` (None until the dimension is known)."""
+        if self._index is None and self.dim is not None:
+            return self._ensure_index(self.dim)
+        return self._index
+
+    def _ensure_index(self, dim: int) -> VectorIndex:
+        with self._index_lock:
+            if self._index is None:
+                from gpuprompt.index import VectorIndex
+
+                self._index = VectorIndex(
+                    dim, metric=self.metric, backend=self.backend, device=self.device, **self.index_options
+                )
+                self.dim = dim
+            return self._index
+
+    # ------------------------------------------------------------------ node <-> record
+    def _records(self, nodes: Sequence[BaseNode]) -> tuple[list[str], list[list[float]], list[str], list[dict]]:
+        from pydantic_core import to_jsonable_python
+
+        if isinstance(nodes, BaseNode) or not isinstance(nodes, Sequence):
+            raise InputTypeError(f"'nodes' must be a list of nodes (got {describe(nodes)}).")
+        ids: list[str] = []
+        vectors: list[list[float]] = []
+        documents: list[str] = []
+        metadatas: list[dict] = []
+        dim = self.dim
+        for i, node in enumerate(nodes):
+            if not isinstance(node, BaseNode):
+                raise InputTypeError(f"'nodes[{i}]' must be a LlamaIndex node (got {describe(node)}).")
+            embedding = node.embedding
+            if embedding is None:
+                raise InvalidInputError(
+                    f"'nodes[{i}]' (id {node.node_id!r}) has no embedding; embed the nodes first "
+                    "(VectorStoreIndex does) or set node.embedding."
+                )
+            dim = dim or len(embedding)
+            if len(embedding) != dim:
+                raise DimensionMismatchError(
+                    f"'nodes[{i}].embedding' must have {dim} dimensions (got {len(embedding)}); embed every "
+                    "node with the same model as the store's index.",
+                    expected=dim,
+                    got=len(embedding),
+                )
+            if NODE_KEY in node.metadata:
+                raise InvalidInputError(
+                    f"'nodes[{i}].metadata' must not use the reserved key {NODE_KEY!r}; rename that key."
+                )
+            # The node is serialised without its metadata (kept once, as the filterable record
+            # metadata) and without its text (kept once, as the record's document).
+            bare = node.model_copy(update={"metadata": {}})
+            serialised = node_to_metadata_dict(bare, remove_text=True)
+            metadata = to_jsonable_python(node.metadata)
+            metadata[NODE_KEY] = {
+                "id": node.node_id,
+                "ref_doc_id": node.ref_doc_id,
+                "type": serialised["_node_type"],
+                "content": serialised["_node_content"],
+            }
+            ids.append(node.node_id)
+            vectors.append(embedding)
+            documents.append(node.get_content(metadata_mode=MetadataMode.NONE))
+            metadatas.append(metadata)
+        if len(set(ids)) != len(ids):
+            seen: set[str] = set()
+            duplicate = next(node_id for node_id in ids if node_id in seen or seen.add(node_id))  # type: ignore[func-returns-value]
+            raise InvalidInputError(f"'nodes' must have distinct ids (got {duplicate!r} more than once).")
+        return ids, vectors, documents, metadatas
+
+    @staticmethod
+    def _node(record: Hit | Record) -> BaseNode:
+        metadata = dict(record.metadata)
+        info = metadata.pop(NODE_KEY, None)
+        if not isinstance(info, dict) or "content" not in info:
+            # A record added to the core index directly, not through this store.
+            from llama_index.core.schema import TextNode
+
+            return TextNode(id_=record.id, text=record.document or "", metadata=metadata)
+        node = metadata_dict_to_node(
+            {"_node_content": info["content"], "_node_type": info.get("type")}, text=record.document
+        )
+        node.metadata = metadata
+        return node
+
+    # ------------------------------------------------------------------ writes
+    def add(self, nodes: Sequence[BaseNode], **add_kwargs: Any) -> list[str]:
+        """Add (or replace, by node id) nodes with their embeddings, in one batched core call.
+
+        Returns:
+            The node ids, in order.
+
+        Raises:
+            InvalidInputError: a node has no embedding, a duplicated id, or uses the reserved
+                metadata key; nothing is stored then.
+            DimensionMismatchError: an embedding of another dimension than the index's.
+        """
+        ids, vectors, documents, metadatas = self._records(nodes)
+        if not ids:
+            return []
+        index = self._ensure_index(len(vectors[0]))
+        import numpy as np
+
+        index.add(ids, np.asarray(vectors, dtype=np.float32), documents=documents, metadatas=metadatas)
+        return ids
+
+    async def async_add(self, nodes: Sequence[BaseNode], **kwargs: Any) -> list[str]:
+        """Async :meth:`add`: serialisation and the core insert run off the event loop."""
+        return await asyncio.to_thread(self.add, nodes, **kwargs)
+
+    def _matching_ids(self, core_filter: dict[str, Any] | None, node_ids: list[str] | None = None) -> list[str]:
+        index = self._index
+        if index is None:
+            return []
+        matched = index.ids(filter=core_filter)
+        if node_ids is None:
+            return matched
+        wanted = set(node_ids)
+        return [node_id for node_id in matched if node_id in wanted]
+
+    def delete(self, ref_doc_id: str, **delete_kwargs: Any) -> None:
+        """Delete every node of the document ``ref_doc_id`` (unknown ids are ignored)."""
+        if not isinstance(ref_doc_id, str):
+            raise InputTypeError(f"'ref_doc_id' must be a str (got {describe(ref_doc_id)}).")
+        ids = self._matching_ids({f"{NODE_KEY}.ref_doc_id": ref_doc_id})
+        if ids and self._index is not None:
+            self._index.delete(ids)
+
+    async def adelete(self, ref_doc_id: str, **delete_kwargs: Any) -> None:
+        """Async :meth:`delete`."""
+        await asyncio.to_thread(self.delete, ref_doc_id, **delete_kwargs)
+
+    def delete_nodes(
+        self, node_ids: list[str] | None = None, filters: MetadataFilters | None = None, **delete_kwargs: Any
+    ) -> None:
+        """Delete the nodes whose id is in ``node_ids`` (None: any id) and that match ``filters``.
+
+        With neither argument every node is deleted, as in LlamaIndex's ``SimpleVectorStore``.
+        """
+        ids = _id_list(node_ids, "node_ids")
+        core_filter = to_core_filter(filters)
+        if self._index is None or ids == []:
+            return
+        if core_filter is None and ids is not None:
+            self._index.delete(ids)
+            return
+        matched = self._matching_ids(core_filter, ids)
+        if matched:
+            self._index.delete(matched)
+
+    async def adelete_nodes(
+        self, node_ids: list[str] | None = None, filters: MetadataFilters | None = None, **delete_kwargs: Any
+    ) -> None:
+        """Async :meth:`delete_nodes`."""
+        await asyncio.to_thread(self.delete_nodes, node_ids, filters, **delete_kwargs)
+
+    def clear(self) -> None:
+        """Delete every node (the index keeps its dimension and metric)."""
+        if self._index is not None:
+            self._index.clear()
+
+    async def aclear(self) -> None:
+        """Async :meth:`clear`."""
+        await asyncio.to_thread(self.clear)
+
+    # ------------------------------------------------------------------ reads
+    def get_nodes(self, node_ids: list[str] | None = None, filters: MetadataFilters | None = None) -> list[BaseNode]:
+        """The stored nodes with their text, metadata and relationships (without embeddings).
+
+        Args:
+            node_ids: the ids wanted (returned in this order; unknown ids are skipped); None for
+                every node.
+            filters: only nodes matching these metadata filters.
+        """
+        ids = _id_list(node_ids, "node_ids")
+        core_filter = to_core_filter(filters)
+        if self._index is None or ids == []:
+            return []
+        if core_filter is not None or ids is None:
+            matched = set(self._matching_ids(core_filter, ids))
+            ids = [i for i in ids if i in matched] if ids is not None else self._matching_ids(core_filter)
+        return [self._node(record) for record in self._index.get(ids)]
+
+    async def aget_nodes(
+        self, node_ids: list[str] | None = None, filters: MetadataFilters | None = None
+    ) -> list[BaseNode]:
+        """Async :meth:`get_nodes`."""
+        return await asyncio.to_thread(self.get_nodes, node_ids, filters)
+
+    def _plan(self, query: VectorStoreQuery, kwargs: dict[str, Any]) -> tuple[Any, int, dict | None, dict | None]:
+        if not isinstance(query, VectorStoreQuery):
+            raise InputTypeError(f"'query' must be a VectorStoreQuery (got {describe(query)}).")
+        if query.mode not in _MODES:
+            raise InvalidInputError(
+                f"'query.mode' must be 'default' or 'mmr' for GPUPromptVectorStore (got {describe(query.mode)})."
+            )
+        if query.query_embedding is None:
+            raise InvalidInputError(
+                "'query.query_embedding' must be a list of floats (got None); embed the query first "
+                "(retrievers and query engines do)."
+            )
+        k = query.similarity_top_k
+        if isinstance(k, bool) or not isinstance(k, int) or k < 0:
+            raise InvalidInputError(f"'query.similarity_top_k' must be an int >= 0 (got {describe(k)}).")
+        import numpy as np
+
+        vector = np.asarray(query.query_embedding, dtype=np.float32)
+        if vector.ndim != 1:
+            raise InvalidInputError(f"'query.query_embedding' must be a flat list of floats (got shape {vector.shape}).")
+        if self.dim is not None and vector.shape[0] != self.dim:
+            raise DimensionMismatchError(
+                f"'query.query_embedding' must have {self.dim} dimensions (got {vector.shape[0]}); embed the "
+                "query with the model that embedded the nodes.",
+                expected=self.dim,
+                got=int(vector.shape[0]),
+            )
+        node_ids = _id_list(query.node_ids, "query.node_ids")
+        doc_ids = _id_list(query.doc_ids, "query.doc_ids")
+        # An empty id list means "no restriction", as the retrievers pass it.
+        core_filter = _and(
+            to_core_filter(query.filters),
+            kwargs.get("filter"),
+            {f"{NODE_KEY}.id": {"$in": node_ids}} if node_ids else None,
+            {f"{NODE_KEY}.ref_doc_id": {"$in": doc_ids}} if doc_ids else None,
+        )
+        mmr = None
+        if query.mode == VectorStoreQueryMode.MMR:
+            threshold = query.mmr_threshold if query.mmr_threshold is not None else kwargs.get("mmr_threshold")
+            threshold = 0.5 if threshold is None else threshold
+            if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not 0.0 <= threshold <= 1.0:
+                raise InvalidInputError(f"'mmr_threshold' must be a number in [0, 1] (got {describe(threshold)}).")
+            fetch_k = kwargs.get("mmr_prefetch_k") or max(20, int(k * kwargs.get("mmr_prefetch_factor", self.mmr_prefetch_factor)))
+            mmr = {"fetch_k": max(int(fetch_k), k), "lambda_mult": float(threshold)}
+        return vector, k, core_filter, mmr
+
+    def _result(self, hits: Sequence[Hit]) -> VectorStoreQueryResult:
+        return VectorStoreQueryResult(
+            nodes=[self._node(hit) for hit in hits],
+            similarities=[float(hit.score) for hit in hits],
+            ids=[hit.id for hit in hits],
+        )
+
+    def query(self, query: VectorStoreQuery, **kwargs: Any) -> VectorStoreQueryResult:
+        """Top ``similarity_top_k`` nodes for ``query.query_embedding``.
+
+        Honours ``filters`` (pre-filtering: k results whenever k nodes match), ``node_ids`` and
+        ``doc_ids`` (an empty list means no restriction) and ``mode`` (``DEFAULT`` or ``MMR``, with
+        ``query.mmr_threshold`` or the ``mmr_threshold`` keyword as the relevance weight, default
+        0.5; ``mmr_prefetch_k`` or ``mmr_prefetch_factor`` size the candidate pool).
+
+        Returns:
+            Nodes (with text, metadata, relationships), similarities (higher is better) and ids.
+
+        Raises:
+            InvalidInputError: no query embedding, an unsupported mode, a bad ``similarity_top_k``.
+            DimensionMismatchError: the query embedding's dimension differs from the index's.
+            FilterError: a malformed filter (the message names where).
+        """
+        vector, k, core_filter, mmr = self._plan(query, kwargs)
+        index = self.client
+        if index is None or k == 0:
+            return VectorStoreQueryResult(nodes=[], similarities=[], ids=[])
+        if mmr is not None:
+            hits = index.mmr(vector, k=k, fetch_k=mmr["fetch_k"], lambda_mult=mmr["lambda_mult"], filter=core_filter)
+        else:
+            hits = index.search(vector[None, :], k, filter=core_filter)[0]
+        return self._result(hits)
+
+    async def aquery(self, query: VectorStoreQuery, **kwargs: Any) -> VectorStoreQueryResult:
+        """Async :meth:`query`: awaits the core's batched search, so concurrent calls share one search."""
+        vector, k, core_filter, mmr = self._plan(query, kwargs)
+        index = self.client
+        if index is None or k == 0:
+            return VectorStoreQueryResult(nodes=[], similarities=[], ids=[])
+        if mmr is not None:
+            hits = await index.ammr(
+                vector, k=k, fetch_k=mmr["fetch_k"], lambda_mult=mmr["lambda_mult"], filter=core_filter
+            )
+        else:
+            hits = (await index.asearch(vector[None, :], k, filter=core_filter))[0]
+        return self._result(hits)
+
+    # ------------------------------------------------------------------ persistence
+    def persist(self, persist_path: str = os.path.join(DEFAULT_PERSIST_DIR, DEFAULT_PERSIST_FNAME), fs: Any = None) -> None:
+        """Save the store to ``persist_path`` in the core's safe snapshot format (no pickle).
+
+        ``StorageContext.persist(dir)`` calls this with ``dir/default__vector_store.json``; the
+        snapshot is written there (atomically, by the core).
+
+        Raises:
+            ConfigurationError: ``fs`` is a non-local fsspec filesystem.
+            InvalidInputError: the store is empty and has no dimension yet (nothing to save).
+        """
+        _check_local_fs(fs)
+        index = self.client
+        if index is None:
+            raise InvalidInputError(
+                "this GPUPromptVectorStore has no index yet (no node was added and 'dim' is None); add nodes "
+                "or pass dim=... before persisting."
+            )
+        index.save(persist_path)
+
+    @classmethod
+    def from_persist_path(
+        cls, persist_path: str, fs: Any = None, *, device: str = "auto", **kwargs: Any
+    ) -> GPUPromptVectorStore:
+        """Load a store saved by :meth:`persist`.
+
+        Raises:
+            SnapshotError: the snapshot is missing, truncated or tampered with.
+        """
+        _check_local_fs(fs)
+        from gpuprompt.index import VectorIndex
+
+        return cls(index=VectorIndex.load(persist_path, device=device), device=device, **kwargs)
+
+    @classmethod
+    def from_persist_dir(
+        cls, persist_dir: str = DEFAULT_PERSIST_DIR, namespace: str = _DEFAULT_NAMESPACE, fs: Any = None, **kwargs: Any
+    ) -> GPUPromptVectorStore:
+        """Load the store that ``StorageContext.persist(persist_dir)`` saved under ``namespace``."""
+        path = os.path.join(persist_dir, f"{namespace}{_NAMESPACE_SEP}{DEFAULT_PERSIST_FNAME}")
+        return cls.from_persist_path(path, fs=fs, **kwargs)
+
+
+def _check_local_fs(fs: Any) -> None:
+    if fs is None:
+        return
+    protocol = getattr(fs, "protocol", None)
+    protocols = (protocol,) if isinstance(protocol, str) else tuple(protocol or ())
+    if not set(protocols) & {"file", "local"}:
+        raise ConfigurationError(
+            f"'fs' must be None or a local fsspec filesystem (got {describe(fs)}); GPUPromptVectorStore "
+            "snapshots are written to the local disk."
+        )
