@@ -508,6 +508,20 @@ class Embedder:
             ]
         return out
 
+    def count_tokens(self, texts: Sequence[str]) -> list[int]:
+        """Each text's token count as the model reads it: special tokens included, capped at
+        :attr:`max_length` (longer texts are truncated). Loads the model.
+
+        Raises:
+            InputTypeError: ``texts`` is not a list of str.
+        """
+        texts = validate_texts(texts)
+        self.load()
+        if not texts:
+            return []
+        assert self._max_length is not None
+        return [min(n, self._max_length) for n in self._count_tokens(texts)]
+
     def embed_tensor(self, texts: Sequence[str], *, priority: int = 0, show_progress: bool | None = None) -> torch.Tensor:
         """Embed ``texts`` and keep the result on the device.
 
