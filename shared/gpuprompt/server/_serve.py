@@ -1,0 +1,105 @@
+"""``serve``: run the app under uvicorn; SIGTERM (or Ctrl+C) drains in-flight requests, then exits 0."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+from typing import Any, Literal
+
+from gpuprompt.server._config import ServerConfig
+
+__all__ = ["serve"]
+
+logger = logging.getLogger("gpuprompt.server")
+
+
+def serve(
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    api_key: str | None = None,
+    *,
+    llm_backend: Literal["auto", "vllm", "transformers"] = "auto",
+    embedding_model: str | None = None,
+    chat_model: str | None = None,
+    device: str = "auto",
+    max_body_bytes: int = ServerConfig.max_body_bytes,
+    max_in_flight: int = ServerConfig.max_in_flight,
+    default_max_tokens: int = ServerConfig.default_max_tokens,
+    strict_model_names: bool = True,
+    graceful_timeout_s: float | None = 60.0,
+    log_level: str = "info",
+) -> int:
+    """Serve the OpenAI-compatible API until SIGTERM / SIGINT.
+
+    Both models load before the port opens. On SIGTERM the server stops accepting connections,
+    lets in-flight requests (streams included) finish for up to ``graceful_timeout_s``, closes
+    the models and returns 0.
+
+    Args:
+        host: the address to bind (``0.0.0.0`` for every interface).
+        port: the TCP port.
+        api_key: the key clients must send as ``Authorization: Bearer KEY``; None reads
+            ``$GPUPROMPT_API_KEY``, and without it the server needs no key.
+        llm_backend: ``"auto"`` (vLLM when available, else transformers), ``"vllm"`` or
+            ``"transformers"``.
+        embedding_model: the embedder (None: the bundled all-MiniLM-L6-v2).
+        chat_model: the chat model (None: the bundled SmolLM2-135M-Instruct).
+        device: ``"auto"``, ``"cpu"``, ``"cuda"``, ``"cuda:N"`` or ``"mps"``.
+        max_body_bytes: the largest request body (413 beyond).
+        max_in_flight: most concurrent model requests (429 with ``Retry-After`` beyond).
+        default_max_tokens: tokens generated when a request names no ``max_tokens``.
+        strict_model_names: 404 for a ``model`` that names neither served model.
+        graceful_timeout_s: how long SIGTERM waits for in-flight requests; None waits for ever.
+        log_level: uvicorn's log level.
+
+    Returns:
+        The exit status: 0 after a clean shutdown, 1 when the server could not start.
+    """
+    import uvicorn
+
+    from gpuprompt.runtime import get_runtime
+    from gpuprompt.server._app import create_app
+
+    config = ServerConfig(
+        api_key=api_key,
+        llm_backend=llm_backend,
+        embedding_model=embedding_model,
+        chat_model=chat_model,
+        device=device,
+        max_body_bytes=max_body_bytes,
+        max_in_flight=max_in_flight,
+        default_max_tokens=default_max_tokens,
+        strict_model_names=strict_model_names,
+    )
+    app = create_app(config)
+    server = uvicorn.Server(
+        uvicorn.Config(
+            app,
+            host=host,
+            port=port,
+            log_level=log_level,
+            lifespan="on",
+            timeout_graceful_shutdown=graceful_timeout_s,
+            access_log=log_level == "debug",
+        )
+    )
+    # uvicorn drains on SIGTERM/SIGINT, then re-raises the signal under the handlers that were in
+    # place before it started; no-op handlers make that re-raise a normal return (exit status 0).
+    previous: dict[int, Any] = {}
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            previous[sig] = signal.signal(sig, _drained)
+    try:
+        server.run()
+    except SystemExit as exc:  # uvicorn exits 1 when it cannot bind or start the app
+        return int(exc.code or 1)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        get_runtime().shutdown()
+    return 0 if server.started else 1
+
+
+def _drained(signum: int, frame: Any) -> None:
+    logger.info("signal %d after draining: exiting", signum)
