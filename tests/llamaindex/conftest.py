@@ -43,3 +43,45 @@ def li_vllm():
     llm = GPUPromptLLM(backend="vllm", max_tokens=48)
     llm.engine.load()
     return llm
+
+
+def _metadata(product: dict, i: int) -> dict:
+    meta = dict(product["metadata"])
+    meta["tags"] = [meta["material"], meta["colour"]] + (["sale"] if meta["price"] < 60 else [])
+    if i % 3:
+        meta["rating"] = round(3.0 + (i * 7 % 20) / 10, 1)  # some products have no rating at all
+    meta["note"] = "" if i % 4 == 0 else ("final sale" if i % 4 == 1 else None)
+    return meta
+
+
+@pytest.fixture(scope="session")
+def catalogue_nodes(li_embed):
+    """A factory of fresh, embedded LlamaIndex nodes over 60 products of the demo catalogue.
+
+    Each node has its product's metadata (plus list, missing and empty fields), a SOURCE document
+    (one per product type) and PREVIOUS/NEXT links inside that document. Embeddings are computed
+    once per session; every call returns new node objects.
+    """
+    from llama_index.core.schema import NodeRelationship, RelatedNodeInfo, TextNode
+
+    from gpuprompt.demo import catalogue
+
+    products = catalogue(60)
+    vectors = li_embed.get_text_embedding_batch([p["text"] for p in products])
+
+    def make() -> list:
+        nodes = []
+        for i, (product, vector) in enumerate(zip(products, vectors)):
+            node = TextNode(id_=product["id"], text=product["text"], metadata=_metadata(product, i), embedding=list(vector))
+            node.relationships[NodeRelationship.SOURCE] = RelatedNodeInfo(node_id=f"doc-{product['metadata']['type']}")
+            nodes.append(node)
+        by_doc: dict[str, list] = {}
+        for node in nodes:
+            by_doc.setdefault(node.ref_doc_id, []).append(node)
+        for members in by_doc.values():
+            for before, after in zip(members, members[1:]):
+                before.relationships[NodeRelationship.NEXT] = RelatedNodeInfo(node_id=after.node_id)
+                after.relationships[NodeRelationship.PREVIOUS] = RelatedNodeInfo(node_id=before.node_id)
+        return nodes
+
+    return make

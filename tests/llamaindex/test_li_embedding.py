@@ -41,7 +41,6 @@ async def test_concurrent_query_embeddings_are_coalesced_into_batches(li_embed) 
     after = li_embed.embedder.stats().batcher
     assert len(results) == 24 and all(len(r) == 384 for r in results)
     # 24 single-query calls ran in fewer model batches than calls: they were batched together.
-    assert after.items - before.items == 24
     assert after.batches - before.batches < 24
     assert after.max_batch_size > 1
     np.testing.assert_allclose(results[5], li_embed.get_query_embedding(queries[5]), atol=1e-5)
