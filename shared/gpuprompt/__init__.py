@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     from gpuprompt.embedder import Embedder, EmbedderConfig, EmbedderStats, EmbeddingCache
     from gpuprompt.index import Hit, Record, VectorIndex
     from gpuprompt.llm import GenerationRequest, GenerationResult, LLMEngine, StreamDelta, Timings, Usage
+    from gpuprompt.pipeline import RAGAnswer, RAGPipeline, StageTimings
     from gpuprompt.runtime import Runtime, get_runtime, resolve_device
 
 _EXPORTS: dict[str, str] = {
@@ -37,6 +38,9 @@ _EXPORTS: dict[str, str] = {
     "ContextCache": "gpuprompt.context",
     "ContextStats": "gpuprompt.context",
     "Turn": "gpuprompt.context",
+    "RAGAnswer": "gpuprompt.pipeline",
+    "RAGPipeline": "gpuprompt.pipeline",
+    "StageTimings": "gpuprompt.pipeline",
     "Runtime": "gpuprompt.runtime",
     "get_runtime": "gpuprompt.runtime",
     "resolve_device": "gpuprompt.runtime",

@@ -165,8 +165,9 @@ class Runtime:
         from gpuprompt.embedder import Embedder, EmbedderConfig
 
         config = EmbedderConfig(model=model, **options)
-        if config.device == "auto":
-            config = config.replace(device=self.device)
+        if config.device == "auto" and self._device_request != "auto":
+            # Resolution is left to the first use: asking for a component loads nothing.
+            config = config.replace(device=self._device_request)
         return self.get_or_create(("embedder", config.key()), lambda: Embedder(config=config))
 
     def llm(self, model: str | None = None, **options: Any) -> LLMEngine:
