@@ -1,0 +1,56 @@
+"""The public surface is pinned, and importing it loads no heavy library."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import gpuprompt
+
+EXPECTED_ALL = [
+    "BatcherStats",
+    "ContextCache",
+    "ContextStats",
+    "Embedder",
+    "EmbedderConfig",
+    "EmbedderStats",
+    "EmbeddingCache",
+    "GenerationRequest",
+    "GenerationResult",
+    "Hit",
+    "LLMEngine",
+    "MicroBatcher",
+    "RAGAnswer",
+    "RAGPipeline",
+    "Record",
+    "Runtime",
+    "StageTimings",
+    "StreamDelta",
+    "Timings",
+    "Turn",
+    "Usage",
+    "VectorIndex",
+    "__version__",
+    "errors",
+    "get_runtime",
+    "resolve_device",
+]
+
+
+def test_all_is_pinned() -> None:
+    assert sorted(gpuprompt.__all__) == sorted(EXPECTED_ALL)
+    for name in gpuprompt.__all__:
+        assert getattr(gpuprompt, name) is not None
+
+
+def test_import_and_construction_load_no_heavy_library() -> None:
+    code = (
+        "import sys, gpuprompt\n"
+        "from gpuprompt import Embedder, ContextCache, LLMEngine, MicroBatcher, Runtime, VectorIndex\n"
+        "Embedder(); LLMEngine(); VectorIndex(384); ContextCache(); Runtime().embedder(batch_size=4)\n"
+        "Runtime().llm(backend='transformers')\n"
+        "heavy = [m for m in ('torch', 'faiss', 'vllm', 'transformers', 'sentence_transformers') if m in sys.modules]\n"
+        "print(','.join(heavy))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+    assert out == ""
