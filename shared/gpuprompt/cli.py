@@ -112,6 +112,13 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``gpuprompt`` command."""
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     args = build_parser().parse_args(argv)
+    if not args.verbose:
+        # vLLM logs every engine step at INFO and weight casts at WARNING; a user wants our output.
+        os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+        os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+        import warnings
+
+        warnings.filterwarnings("ignore")
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     return int(args.func(args) or 0)
 
