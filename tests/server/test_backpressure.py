@@ -1,0 +1,92 @@
+"""Core errors through HTTP: a full engine queue is 429 with Retry-After, a closed engine is 503, and a
+client that goes away cancels its generation inside the engine."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+
+import httpx
+import pytest
+from server_helpers import LiveServer, start_server, wait_until
+
+STORY = [{"role": "user", "content": "Tell me a long story about a red dress and a wedding."}]
+
+
+@pytest.fixture(scope="module")
+def tiny_engine():
+    """A private engine that computes one request at a time and queues at most one more."""
+    from gpuprompt import LLMEngine
+
+    engine = LLMEngine(backend="transformers", device="cpu", max_num_seqs=1, max_queue=1).load()
+    yield engine
+    engine.close()
+
+
+@pytest.fixture(scope="module")
+def tiny(embedder, tiny_engine) -> Iterator[LiveServer]:
+    server = start_server(embedder=embedder, llm=tiny_engine, retry_after_s=2)
+    yield server
+    server.stop()
+
+
+def test_full_engine_queue_is_429_and_the_queued_request_still_completes(tiny, tiny_engine) -> None:
+    slow = {"messages": STORY, "max_tokens": 200, "temperature": 0, "stream": True}
+    queued_result: dict[str, httpx.Response] = {}
+
+    def queued() -> None:
+        with tiny.client() as client:
+            queued_result["response"] = client.post(
+                "/v1/chat/completions", json={"messages": STORY, "max_tokens": 3, "temperature": 0}
+            )
+
+    with tiny.client() as http:
+        with http.stream("POST", "/v1/chat/completions", json=slow) as stream:
+            lines = stream.iter_lines()
+            assert next(lines).startswith("data: ")  # running: the engine's only seat is taken
+            waiter = threading.Thread(target=queued)
+            waiter.start()
+            assert wait_until(lambda: tiny_engine.stats().in_flight == 2)  # one running, one queued
+            refused = http.post("/v1/chat/completions", json={"messages": STORY, "max_tokens": 3})
+            assert refused.status_code == 429
+            assert refused.headers["retry-after"] == "2"
+            error = refused.json()["error"]
+            assert error["code"] == "queue_full"
+            assert "retry later" in error["message"]
+        # Leaving the stream aborts the running request, so the queued one runs.
+        waiter.join(60)
+    assert not waiter.is_alive()
+    assert queued_result["response"].status_code == 200
+    assert wait_until(lambda: tiny_engine.stats().in_flight == 0)
+    assert tiny_engine.stats().aborted >= 1
+
+
+def test_stream_disconnect_aborts_the_engine_request(live, server_llm) -> None:
+    before = server_llm.stats().aborted
+    body = {"messages": STORY, "max_tokens": 200, "temperature": 0, "stream": True}
+    with live.client() as http, http.stream("POST", "/v1/chat/completions", json=body) as stream:
+        for line in stream.iter_lines():
+            if '"delta":{"content"' in line:
+                break  # generated text is flowing: now hang up
+    assert wait_until(lambda: server_llm.stats().aborted == before + 1)
+    assert wait_until(lambda: server_llm.stats().in_flight == 0)
+
+
+def test_non_streaming_disconnect_aborts_the_engine_request(live, server_llm) -> None:
+    before = server_llm.stats().aborted
+    body = {"messages": STORY, "max_tokens": 200, "temperature": 0}
+    with live.client(timeout=httpx.Timeout(30.0, read=1.0)) as http:
+        with pytest.raises(httpx.ReadTimeout):
+            http.post("/v1/chat/completions", json=body)
+    assert wait_until(lambda: server_llm.stats().aborted == before + 1)
+    assert wait_until(lambda: server_llm.stats().in_flight == 0)
+
+
+def test_closed_engine_is_503(tiny, tiny_engine) -> None:
+    tiny_engine.close()
+    with tiny.client() as http:
+        response = http.post("/v1/chat/completions", json={"messages": STORY, "max_tokens": 2})
+    assert response.status_code == 503
+    error = response.json()["error"]
+    assert error["code"] == "unavailable"
+    assert "closed" in error["message"]
