@@ -7,6 +7,7 @@ batched core Embedder and looked up in a core VectorIndex, pre-filtered to the s
 from __future__ import annotations
 
 import hashlib
+import json
 import threading
 from collections.abc import Sequence
 from typing import Any
@@ -28,7 +29,8 @@ class GPUPromptSemanticCache(BaseCache):
     A lookup first tries the exact ``(prompt, llm_string)`` pair (always a hit when cached), then
     the cached prompt of the same ``llm_string`` most similar to the new one, and returns its
     generations when the cosine similarity is at least ``score_threshold``. Different models or
-    settings (different ``llm_string``) never share entries.
+    settings (different ``llm_string``) never share entries. For chat models the similarity is
+    taken over the messages' text, not over LangChain's JSON serialisation of them.
 
     Use:
         .. code-block:: python
@@ -77,13 +79,13 @@ class GPUPromptSemanticCache(BaseCache):
         exact = self._exact(prompt, llm_string)
         if exact is not None or not self._generations:
             return exact
-        hits = self._store.similarity_search_with_score(prompt, k=1, filter={"llm_string": llm_string})
+        hits = self._store.similarity_search_with_score(_search_text(prompt), k=1, filter={"llm_string": llm_string})
         return self._accept(hits)
 
     def update(self, prompt: str, llm_string: str, return_val: RETURN_VAL_TYPE) -> None:
         """Cache ``return_val`` for ``prompt`` under ``llm_string`` (replacing an older entry)."""
         key = self._check_update(prompt, llm_string, return_val)
-        self._store.add_texts([prompt], [{"llm_string": llm_string}], ids=[key])
+        self._store.add_texts([_search_text(prompt)], [{"llm_string": llm_string}], ids=[key])
         with self._lock:
             self._generations[key] = list(return_val)
 
@@ -99,13 +101,15 @@ class GPUPromptSemanticCache(BaseCache):
         exact = self._exact(prompt, llm_string)
         if exact is not None or not self._generations:
             return exact
-        hits = await self._store.asimilarity_search_with_score(prompt, k=1, filter={"llm_string": llm_string})
+        hits = await self._store.asimilarity_search_with_score(
+            _search_text(prompt), k=1, filter={"llm_string": llm_string}
+        )
         return self._accept(hits)
 
     async def aupdate(self, prompt: str, llm_string: str, return_val: RETURN_VAL_TYPE) -> None:
         """Async :meth:`update`."""
         key = self._check_update(prompt, llm_string, return_val)
-        await self._store.aadd_texts([prompt], [{"llm_string": llm_string}], ids=[key])
+        await self._store.aadd_texts([_search_text(prompt)], [{"llm_string": llm_string}], ids=[key])
         with self._lock:
             self._generations[key] = list(return_val)
 
@@ -136,6 +140,29 @@ class GPUPromptSemanticCache(BaseCache):
             if not isinstance(generation, Generation):
                 raise InputTypeError(f"'return_val[{position}]' must be a Generation (got {describe(generation)}).")
         return key
+
+
+def _search_text(prompt: str) -> str:
+    """The text to embed for ``prompt``.
+
+    For chat models LangChain's cache prompt is the JSON serialisation of the message list, whose
+    shared boilerplate would make every conversation look alike; the similarity is then taken over
+    the messages' text. The JSON is only read, never turned back into objects.
+    """
+    if not prompt.startswith("["):
+        return prompt
+    try:
+        messages = json.loads(prompt)
+    except ValueError:
+        return prompt
+    texts: list[str] = []
+    for message in messages if isinstance(messages, list) else []:
+        content = message.get("kwargs", {}).get("content") if isinstance(message, dict) else None
+        if isinstance(content, str):
+            texts.append(content)
+        elif isinstance(content, list):
+            texts.extend(str(b.get("text", "")) for b in content if isinstance(b, dict) and b.get("type") == "text")
+    return "\n".join(texts) if texts else prompt
 
 
 def _check_str(name: str, value: Any) -> str:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib.util
+
 import pytest
 
 
@@ -13,3 +15,29 @@ def lc_embeddings():
     embeddings = GPUPromptEmbeddings()
     embeddings.embedder.load()
     return embeddings
+
+
+@pytest.fixture(scope="session")
+def lc_chat():
+    """ChatGPUPrompt on the transformers backend (bundled SmolLM2), its engine started once.
+
+    The standard suites build ``ChatGPUPrompt(backend="transformers")`` per test; the Runtime hands
+    them this same engine.
+    """
+    from langchain_gpuprompt import ChatGPUPrompt
+
+    chat = ChatGPUPrompt(backend="transformers", max_tokens=8)
+    _ = chat.engine
+    return chat
+
+
+@pytest.fixture(scope="session")
+def lc_chat_vllm():
+    """ChatGPUPrompt on vLLM (its CPU build here), started once (~30 s); skipped without vLLM."""
+    if importlib.util.find_spec("vllm") is None:
+        pytest.skip("vLLM is not installed")
+    from langchain_gpuprompt import ChatGPUPrompt
+
+    chat = ChatGPUPrompt(backend="vllm", max_tokens=48)
+    _ = chat.engine
+    return chat

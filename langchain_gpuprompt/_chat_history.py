@@ -1,0 +1,178 @@
+"""LangChain chat message history over gpuprompt's ContextCache (turn embeddings kept on the device).
+
+Each message is embedded once, when added; ``relevant_messages`` then picks a session's past
+messages most similar to a query with one product on the device, never re-encoding history.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from langchain_core.chat_history import BaseChatMessageHistory
+from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, SystemMessage
+
+from gpuprompt.errors import InputTypeError, InvalidInputError, describe
+
+if TYPE_CHECKING:
+    from gpuprompt.context import ContextCache, Turn
+
+__all__ = ["GPUPromptChatMessageHistory"]
+
+_ROLE_OF_TYPE = {"human": "user", "ai": "assistant", "system": "system"}
+_MESSAGE_OF_ROLE: dict[str, type[BaseMessage]] = {"user": HumanMessage, "assistant": AIMessage, "system": SystemMessage}
+
+
+def shared_context_cache() -> ContextCache:
+    """The process-wide default :class:`~gpuprompt.ContextCache` (one per Runtime).
+
+    History objects are cheap and short-lived (``RunnableWithMessageHistory`` builds one per
+    call); the turns live in this shared cache, so every object for a session sees the same turns.
+    """
+    from gpuprompt.context import ContextCache
+    from gpuprompt.runtime import get_runtime
+
+    return get_runtime().get_or_create(("context_cache", "default"), ContextCache)
+
+
+class GPUPromptChatMessageHistory(BaseChatMessageHistory):
+    """Chat history for one session, stored in gpuprompt's :class:`~gpuprompt.ContextCache`.
+
+    Usable wherever LangChain takes a ``BaseChatMessageHistory``, notably
+    ``RunnableWithMessageHistory``. Messages are stored as (role, text) turns: human, AI and
+    system messages with text content. Each message is embedded once, on add, so
+    :meth:`relevant_messages` can pick the past messages most related to a new question without
+    re-encoding the conversation.
+
+    Instantiate:
+        .. code-block:: python
+
+            from langchain_gpuprompt import GPUPromptChatMessageHistory
+
+            history = GPUPromptChatMessageHistory(session_id="customer-42")
+            history.add_user_message("I bought the Aurora dress in size M.")
+            history.add_ai_message("Thanks! How can I help with the Aurora dress?")
+            history.add_user_message("Do you ship to Norway?")
+
+    Relevant past messages:
+        .. code-block:: python
+
+            [m.content for m in history.relevant_messages("what size did I buy?", k=1)]
+            # ['I bought the Aurora dress in size M.']
+
+    With ``RunnableWithMessageHistory``:
+        .. code-block:: python
+
+            from langchain_core.runnables.history import RunnableWithMessageHistory
+
+            chat = RunnableWithMessageHistory(
+                prompt | ChatGPUPrompt(),
+                lambda session_id: GPUPromptChatMessageHistory(session_id=session_id),
+                input_messages_key="question",
+                history_messages_key="history",
+            )
+
+    Args:
+        session_id: the conversation's id; sessions never see each other's messages.
+        context_cache: the cache to store turns in (default: the process-wide shared one, so
+            every history object for the same session id reads the same turns).
+    """
+
+    def __init__(self, session_id: str, *, context_cache: ContextCache | None = None) -> None:
+        if not isinstance(session_id, str) or not session_id:
+            raise InputTypeError(f"'session_id' must be a non-empty str (got {describe(session_id)}).")
+        if context_cache is not None:
+            from gpuprompt.context import ContextCache
+
+            if not isinstance(context_cache, ContextCache):
+                raise InputTypeError(
+                    f"'context_cache' must be a gpuprompt.ContextCache or None (got {describe(context_cache)})."
+                )
+        self.session_id = session_id
+        self._cache = context_cache
+
+    def __repr__(self) -> str:
+        return f"GPUPromptChatMessageHistory(session_id={self.session_id!r})"
+
+    @property
+    def context_cache(self) -> ContextCache:
+        """The ContextCache holding this session's turns."""
+        if self._cache is None:
+            self._cache = shared_context_cache()
+        return self._cache
+
+    # ------------------------------------------------------------------ reads
+    @property
+    def messages(self) -> list[BaseMessage]:  # type: ignore[override]
+        """The session's messages, oldest first."""
+        return _to_messages(self.context_cache.turns(self.session_id))
+
+    async def aget_messages(self) -> list[BaseMessage]:
+        """Async :attr:`messages` (a read of in-memory turns: no model runs)."""
+        return self.messages
+
+    def relevant_messages(self, query: str, k: int = 4) -> list[BaseMessage]:
+        """The ``k`` past messages most similar to ``query``, in chronological order.
+
+        Only ``query`` is embedded; the session's messages were embedded when added.
+
+        Raises:
+            InputTypeError: ``query`` is not a str.
+            InvalidInputError: ``k`` is not an int >= 0.
+        """
+        _check_query(query)
+        return _to_messages(self.context_cache.window(self.session_id, query=query, max_turns=k, recent=0))
+
+    async def arelevant_messages(self, query: str, k: int = 4) -> list[BaseMessage]:
+        """Async :meth:`relevant_messages`: the query is embedded by the batched embedder."""
+        _check_query(query)
+        return _to_messages(await self.context_cache.awindow(self.session_id, query=query, max_turns=k, recent=0))
+
+    # ------------------------------------------------------------------ writes
+    def add_messages(self, messages: Sequence[BaseMessage]) -> None:
+        """Append messages (embedded together in one batched call). All are checked first:
+        a rejected call stores nothing."""
+        self.context_cache.extend(self.session_id, _to_turns(messages))
+
+    async def aadd_messages(self, messages: Sequence[BaseMessage]) -> None:
+        """Async :meth:`add_messages`: the embedding runs off the event loop."""
+        await self.context_cache.aextend(self.session_id, _to_turns(messages))
+
+    def clear(self) -> None:
+        """Forget this session's messages (other sessions are untouched)."""
+        self.context_cache.clear(self.session_id)
+
+    async def aclear(self) -> None:
+        """Async :meth:`clear`."""
+        self.clear()
+
+
+def _check_query(query: Any) -> None:
+    if not isinstance(query, str):
+        raise InputTypeError(f"'query' must be a str (got {describe(query)}).")
+
+
+def _to_turns(messages: Sequence[BaseMessage]) -> list[tuple[str, str]]:
+    if isinstance(messages, BaseMessage) or not isinstance(messages, Sequence):
+        raise InputTypeError(f"'messages' must be a list of BaseMessage (got {describe(messages)}).")
+    turns: list[tuple[str, str]] = []
+    for position, message in enumerate(messages):
+        if not isinstance(message, BaseMessage):
+            raise InputTypeError(f"'messages[{position}]' must be a BaseMessage (got {describe(message)}).")
+        role = _ROLE_OF_TYPE.get(message.type)
+        if role is None:
+            raise InvalidInputError(
+                f"'messages[{position}]' must be a human, AI or system message (got a {type(message).__name__}); "
+                "this history stores (role, text) turns, which cannot carry tool call ids."
+            )
+        if isinstance(message, AIMessage) and message.tool_calls:
+            raise InvalidInputError(
+                f"'messages[{position}]' is an AIMessage with tool_calls, which this history cannot keep "
+                "(it stores role and text only); store the final answer instead."
+            )
+        turns.append((role, message.text))
+    return turns
+
+
+def _to_messages(turns: list[Turn]) -> list[BaseMessage]:
+    return [_MESSAGE_OF_ROLE[turn.role](content=turn.text) for turn in turns if turn.role in _MESSAGE_OF_ROLE]

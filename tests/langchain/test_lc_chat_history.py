@@ -1,0 +1,121 @@
+"""GPUPromptChatMessageHistory over the core ContextCache, and a RunnableWithMessageHistory chat."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import pytest
+from langchain_core.callbacks import BaseCallbackHandler
+from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, SystemMessage, ToolMessage
+from langchain_core.prompts import ChatPromptTemplate, MessagesPlaceholder
+from langchain_core.runnables.history import RunnableWithMessageHistory
+
+from gpuprompt.context import ContextCache
+from gpuprompt.errors import InputTypeError, InvalidInputError
+from langchain_gpuprompt import ChatGPUPrompt, GPUPromptChatMessageHistory, GPUPromptEmbeddings
+
+
+def _session() -> str:
+    return f"test-{uuid.uuid4().hex}"
+
+
+def test_messages_round_trip_and_sessions_are_isolated() -> None:
+    sid, other = _session(), _session()
+    history = GPUPromptChatMessageHistory(sid)
+    history.add_messages([SystemMessage("You sell clothes."), HumanMessage("Hi!"), AIMessage("Hello, how can I help?")])
+    GPUPromptChatMessageHistory(other).add_user_message("I am someone else")
+    again = GPUPromptChatMessageHistory(sid)  # a new object for the same session sees the same turns
+    assert again.messages == [SystemMessage("You sell clothes."), HumanMessage("Hi!"), AIMessage("Hello, how can I help?")]
+    assert [m.content for m in GPUPromptChatMessageHistory(other).messages] == ["I am someone else"]
+    again.clear()
+    assert GPUPromptChatMessageHistory(sid).messages == []
+    assert len(GPUPromptChatMessageHistory(other).messages) == 1
+
+
+def test_relevant_messages_without_re_embedding_history(lc_embeddings: GPUPromptEmbeddings) -> None:
+    cache = ContextCache(lc_embeddings.embedder)
+    history = GPUPromptChatMessageHistory(_session(), context_cache=cache)
+    history.add_messages(
+        [
+            HumanMessage("I bought the Aurora dress in size M last week."),
+            AIMessage("Thank you for your order!"),
+            HumanMessage("Do you ship to Norway?"),
+            AIMessage("Yes, we ship to Norway in 3-5 days."),
+            HumanMessage("Is there a discount for students?"),
+        ]
+    )
+    embedded = lc_embeddings.embedder.stats().texts
+    assert [m.content for m in history.relevant_messages("which size did I order?", k=1)] == [
+        "I bought the Aurora dress in size M last week."
+    ]
+    picked = history.relevant_messages("delivery to Oslo", k=2)
+    assert [m.content for m in picked][-1] == "Yes, we ship to Norway in 3-5 days."
+    assert len(picked) == 2 and picked == sorted(picked, key=history.messages.index)  # chronological
+    _ = history.messages
+    # Only the two queries were embedded; the five turns were embedded once, when added.
+    assert lc_embeddings.embedder.stats().texts == embedded + 2
+
+
+async def test_async_methods(lc_embeddings: GPUPromptEmbeddings) -> None:
+    history = GPUPromptChatMessageHistory(_session(), context_cache=ContextCache(lc_embeddings.embedder))
+    await history.aadd_messages([HumanMessage("My order number is 1007."), AIMessage("Got it.")])
+    assert [m.content for m in await history.aget_messages()] == ["My order number is 1007.", "Got it."]
+    assert [m.content for m in await history.arelevant_messages("what was the order number?", k=1)] == [
+        "My order number is 1007."
+    ]
+    await history.aclear()
+    assert await history.aget_messages() == []
+
+
+def test_bad_input_is_typed_and_stores_nothing() -> None:
+    history = GPUPromptChatMessageHistory(_session())
+    with pytest.raises(InvalidInputError, match="tool call ids"):
+        history.add_messages([HumanMessage("hi"), ToolMessage("42", tool_call_id="c1")])
+    with pytest.raises(InvalidInputError, match="tool_calls"):
+        history.add_messages([AIMessage("", tool_calls=[{"name": "f", "args": {}, "id": "c1", "type": "tool_call"}])])
+    with pytest.raises(InputTypeError, match=r"'messages\[1\]'"):
+        history.add_messages([HumanMessage("hi"), "not a message"])  # type: ignore[list-item]
+    assert history.messages == []
+    with pytest.raises(InputTypeError, match="'session_id'"):
+        GPUPromptChatMessageHistory("")
+    with pytest.raises(InputTypeError, match="'context_cache'"):
+        GPUPromptChatMessageHistory("s", context_cache={})  # type: ignore[arg-type]
+    with pytest.raises(InputTypeError, match="'query'"):
+        history.relevant_messages(None)  # type: ignore[arg-type]
+
+
+class _PromptRecorder(BaseCallbackHandler):
+    """Records the messages each chat model call received."""
+
+    def __init__(self) -> None:
+        self.prompts: list[list[BaseMessage]] = []
+
+    def on_chat_model_start(self, serialized: dict[str, Any], messages: list[list[BaseMessage]], **kwargs: Any) -> None:
+        self.prompts.extend(messages)
+
+
+def test_runnable_with_message_history_multi_turn(lc_chat: ChatGPUPrompt) -> None:
+    prompt = ChatPromptTemplate.from_messages(
+        [("system", "You are a helpful shop assistant."), MessagesPlaceholder("history"), ("human", "{question}")]
+    )
+    chat = RunnableWithMessageHistory(
+        prompt | lc_chat,
+        lambda session_id: GPUPromptChatMessageHistory(session_id=session_id),
+        input_messages_key="question",
+        history_messages_key="history",
+    )
+    sid = _session()
+    recorder = _PromptRecorder()
+    config = {"configurable": {"session_id": sid}, "callbacks": [recorder]}
+    questions = ["Hi, I am Ana and I wear size M.", "Do you have red dresses?", "What size do I wear?"]
+    replies = [chat.invoke({"question": q}, config=config) for q in questions]
+    assert all(isinstance(r, AIMessage) and r.content for r in replies)
+    stored = GPUPromptChatMessageHistory(sid).messages
+    assert [m.content for m in stored[0::2]] == questions
+    assert [m.content for m in stored[1::2]] == [r.content for r in replies]
+    # The third call saw the whole conversation so far: system + 2 earlier turns + the new question.
+    third = recorder.prompts[-1]
+    assert [m.content for m in third] == [
+        "You are a helpful shop assistant.", questions[0], replies[0].content, questions[1], replies[1].content, questions[2]
+    ]
