@@ -30,6 +30,7 @@ _MODULES = [
     "gpuprompt.bench.gpu",
     "gpuprompt.bench.search",
     "gpuprompt.bench.llm",
+    "gpuprompt.bench.rag",
     "gpuprompt.bench.wrappers",
 ]
 
