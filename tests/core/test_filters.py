@@ -97,8 +97,12 @@ def test_public_surface() -> None:
         ({"category": "shoes", "stock": 4}, False),
         # nested
         (
-            {"$and": [{"$or": [{"brand.country": "DE"}, {"tags": {"$contains": "sale"}}]},
-                      {"$not": {"$or": [{"price": {"$gt": 100}}, {"active": False}]}}]},
+            {
+                "$and": [
+                    {"$or": [{"brand.country": "DE"}, {"tags": {"$contains": "sale"}}]},
+                    {"$not": {"$or": [{"price": {"$gt": 100}}, {"active": False}]}},
+                ]
+            },
             True,
         ),
         (

@@ -17,8 +17,13 @@ BACKENDS = {
     "torch": {"backend": "torch", "device": "cpu"},
     "faiss-flat": {"backend": "faiss", "device": "cpu"},
     # compact_fraction low so compactions (full rebuilds) happen while other threads search
-    "faiss-hnsw": {"backend": "faiss", "device": "cpu", "index_factory": "HNSW16", "ef_search": 256,
-                   "compact_fraction": 0.1},
+    "faiss-hnsw": {
+        "backend": "faiss",
+        "device": "cpu",
+        "index_factory": "HNSW16",
+        "ef_search": 256,
+        "compact_fraction": 0.1,
+    },
 }
 
 
@@ -39,8 +44,12 @@ def test_mixed_writers_and_readers_stay_consistent(kind: str) -> None:
     index = VectorIndex(DIM, **BACKENDS[kind])
     # shared background records that nobody deletes
     base = np.random.default_rng(0).standard_normal((300, DIM)).astype(np.float32)
-    index.add([f"base-{i}" for i in range(300)], base, [f"base-{i}:0" for i in range(300)],
-              [{"owner": "base", "version": 0} for _ in range(300)])
+    index.add(
+        [f"base-{i}" for i in range(300)],
+        base,
+        [f"base-{i}:0" for i in range(300)],
+        [{"owner": "base", "version": 0} for _ in range(300)],
+    )
     models: list[dict[str, tuple[np.ndarray, int]]] = [{} for _ in range(THREADS)]
     errors: list[BaseException] = []
     barrier = threading.Barrier(THREADS)
@@ -62,8 +71,12 @@ def test_mixed_writers_and_readers_stay_consistent(kind: str) -> None:
                     keys = [f"t{t}-{int(i)}" for i in rng.integers(0, 30, size=int(rng.integers(1, 6)))]
                     keys = list(dict.fromkeys(keys))
                     vectors = np.stack([_vector(key, version) for key in keys])
-                    index.add(keys, vectors, [f"{key}:{version}" for key in keys],
-                              [{"owner": t, "version": version} for _ in keys])
+                    index.add(
+                        keys,
+                        vectors,
+                        [f"{key}:{version}" for key in keys],
+                        [{"owner": t, "version": version} for _ in keys],
+                    )
                     for key, vector in zip(keys, vectors):
                         model[key] = (vector, version)
                 elif op == "delete" and model:

@@ -23,7 +23,13 @@ BACKENDS = {
     "torch": {"backend": "torch", "device": "cpu"},
     "auto": {},
     "faiss-flat": {"backend": "faiss", "device": "cpu"},
-    "faiss-hnsw": {"backend": "faiss", "device": "cpu", "index_factory": "HNSW16", "ef_search": 256, "compact_fraction": 5.0},
+    "faiss-hnsw": {
+        "backend": "faiss",
+        "device": "cpu",
+        "index_factory": "HNSW16",
+        "ef_search": 256,
+        "compact_fraction": 5.0,
+    },
     "faiss-ivf": {"backend": "faiss", "device": "cpu", "index_factory": "IVF8,Flat", "nprobe": 8},
     "faiss-ivf-untrained": {"backend": "faiss", "device": "cpu", "index_factory": "IVF64,Flat", "nprobe": 64},
 }
@@ -51,8 +57,10 @@ def _snapshot_of(index: VectorIndex) -> tuple:
     ids = sorted(index.ids())
     records = index.get(ids)
     queries = np.random.default_rng(7).standard_normal((5, DIM)).astype(np.float32)
-    hits = [[(h.id, round(h.score, 5), h.document, h.metadata) for h in row]
-            for row in index.search(queries, k=7, filter={"i": {"$gte": 200}})]
+    hits = [
+        [(h.id, round(h.score, 5), h.document, h.metadata) for h in row]
+        for row in index.search(queries, k=7, filter={"i": {"$gte": 200}})
+    ]
     return ids, [(r.id, r.vector.tobytes(), r.document, r.metadata) for r in records], hits
 
 
@@ -143,7 +151,10 @@ def _flip_byte(file: Path, offset: int) -> None:
 @pytest.mark.parametrize(
     ("damage", "words"),
     [
-        (lambda p: (p / "vectors.npy").write_bytes((p / "vectors.npy").read_bytes()[:-100]), "vectors.npy has .* bytes"),
+        (
+            lambda p: (p / "vectors.npy").write_bytes((p / "vectors.npy").read_bytes()[:-100]),
+            "vectors.npy has .* bytes",
+        ),
         (lambda p: (p / "index.faiss").write_bytes((p / "index.faiss").read_bytes()[:50]), "index.faiss has .* bytes"),
         (lambda p: _flip_byte(p / "records.jsonl", 40), "records.jsonl has sha256"),
         (lambda p: _flip_byte(p / "vectors.npy", 500), "vectors.npy has sha256"),
@@ -167,8 +178,9 @@ def test_damaged_snapshot_is_refused(saved: Path, damage, words: str) -> None:
 
 def _rechecksum(path: Path, name: str) -> None:
     data = (path / name).read_bytes()
-    _rewrite_manifest(path, lambda m: m["files"].update(
-        {name: {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}}))
+    _rewrite_manifest(
+        path, lambda m: m["files"].update({name: {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}})
+    )
 
 
 def test_pickle_payload_never_executes(saved: Path, tmp_path: Path) -> None:

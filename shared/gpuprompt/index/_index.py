@@ -140,7 +140,7 @@ class VectorIndex:
         index_factory: a faiss ``index_factory`` string (``"Flat"``, ``"HNSW32"``,
             ``"IVF1024,Flat"``, ...); implies faiss.
         ef_search: HNSW ``efSearch`` (default 64; always at least k).
-        nprobe: IVF lists probed per query (default ``max(8, nlist // 32)``).
+        nprobe: IVF lists probed per query (default ``max(8, nlist // 128)``).
         dtype: the torch backend's storage dtype; None = fp16 on CUDA, fp32 elsewhere.
         ann_threshold: the record count above which ``"auto"`` on a CPU switches to HNSW.
         compact_fraction: rebuild an index with tombstones once they exceed this share of records.
@@ -173,20 +173,28 @@ class VectorIndex:
         if backend not in ("auto", "faiss", "torch"):
             raise ConfigurationError(f"'backend' must be 'auto', 'faiss' or 'torch' (got {describe(backend)}).")
         if not isinstance(device, str):
-            raise ConfigurationError(f"'device' must be a str such as 'auto', 'cpu' or 'cuda' (got {describe(device)}).")
+            raise ConfigurationError(
+                f"'device' must be a str such as 'auto', 'cpu' or 'cuda' (got {describe(device)})."
+            )
         if index_factory is not None and (not isinstance(index_factory, str) or not index_factory.strip()):
-            raise ConfigurationError(f"'index_factory' must be None or a faiss factory string (got {describe(index_factory)}).")
+            raise ConfigurationError(
+                f"'index_factory' must be None or a faiss factory string (got {describe(index_factory)})."
+            )
         if index_factory is not None and backend == "torch":
             raise ConfigurationError("'index_factory' is a faiss option; use backend='faiss' or 'auto' with it.")
         for name, value in (("ef_search", ef_search), ("nprobe", nprobe)):
             if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
                 raise ConfigurationError(f"'{name}' must be None or an int >= 1 (got {describe(value)}).")
         if dtype not in (None, "float16", "bfloat16", "float32"):
-            raise ConfigurationError(f"'dtype' must be None, 'float16', 'bfloat16' or 'float32' (got {describe(dtype)}).")
+            raise ConfigurationError(
+                f"'dtype' must be None, 'float16', 'bfloat16' or 'float32' (got {describe(dtype)})."
+            )
         if not isinstance(ann_threshold, int) or isinstance(ann_threshold, bool) or ann_threshold < 0:
             raise ConfigurationError(f"'ann_threshold' must be an int >= 0 (got {describe(ann_threshold)}).")
         if not isinstance(compact_fraction, (int, float)) or not 0 < compact_fraction <= 10:
-            raise ConfigurationError(f"'compact_fraction' must be a number in (0, 10] (got {describe(compact_fraction)}).")
+            raise ConfigurationError(
+                f"'compact_fraction' must be a number in (0, 10] (got {describe(compact_fraction)})."
+            )
         self._dim = int(dim)
         self._metric: str = metric
         self._backend_request: str = backend
@@ -252,7 +260,9 @@ class VectorIndex:
     def stats(self) -> IndexStats:
         """A snapshot of the counters."""
         backend = self._backend
-        batcher = self._batcher.stats() if self._batcher is not None else BatcherStats(0, 0, 0.0, 0, 0.0, 0.0, 0, 0, 0, 0)
+        batcher = (
+            self._batcher.stats() if self._batcher is not None else BatcherStats(0, 0, 0.0, 0, 0.0, 0.0, 0, 0, 0, 0)
+        )
         return IndexStats(
             count=self.count,
             tombstones=backend.tombstones if backend is not None else 0,
@@ -291,14 +301,29 @@ class VectorIndex:
 
         if index is not None:
             return FaissBackend.deserialize(
-                index, dim=self._dim, metric=self._metric, factory=factory, device=device,
-                ef_search=self._ef_search, nprobe=self._nprobe, compact_fraction=self._compact_fraction,
+                index,
+                dim=self._dim,
+                metric=self._metric,
+                factory=factory,
+                device=device,
+                ef_search=self._ef_search,
+                nprobe=self._nprobe,
+                compact_fraction=self._compact_fraction,
                 tombstones=tombstones,
             )
-        return FaissBackend(self._dim, self._metric, factory, device=device, ef_search=self._ef_search,
-                            nprobe=self._nprobe, compact_fraction=self._compact_fraction)
+        return FaissBackend(
+            self._dim,
+            self._metric,
+            factory,
+            device=device,
+            ef_search=self._ef_search,
+            nprobe=self._nprobe,
+            compact_fraction=self._compact_fraction,
+        )
 
-    def _ensure_backend(self) -> TorchBackend | FaissBackend:
+    def _ensure_backend(self, incoming: int = 0) -> TorchBackend | FaissBackend:
+        """Build the backend on first use; ``incoming`` records about to be added count towards
+        the ``auto`` choice (a first bulk add of 1M vectors goes straight to HNSW)."""
         backend = self._backend
         if backend is not None:
             return backend
@@ -307,7 +332,7 @@ class VectorIndex:
                 raise ClosedError("this VectorIndex was closed; create or load a new one.")
             if self._backend is None:
                 with self._lock.write():
-                    backend = self._new_backend(self._store.size)
+                    backend = self._new_backend(self._store.size + incoming)
                     self._fill(backend)
                     self._backend = backend
             return self._backend
@@ -336,13 +361,19 @@ class VectorIndex:
             and self._store.size > self._ann_threshold
             and _faiss_installed()
         ):
-            logger.info("VectorIndex: %d records > %d, switching to faiss %s", self._store.size,
-                        self._ann_threshold, AUTO_ANN_FACTORY)
+            logger.info(
+                "VectorIndex: %d records > %d, switching to faiss %s",
+                self._store.size,
+                self._ann_threshold,
+                AUTO_ANN_FACTORY,
+            )
             backend = self._new_faiss(AUTO_ANN_FACTORY, "cpu")
             self._fill(backend)
             self._backend = backend
 
-    def switch_backend(self, backend: BackendName, *, index_factory: str | None = None, device: str | None = None) -> None:
+    def switch_backend(
+        self, backend: BackendName, *, index_factory: str | None = None, device: str | None = None
+    ) -> None:
         """Move the records to another backend (ids, documents and metadata are kept).
 
         Args:
@@ -371,6 +402,30 @@ class VectorIndex:
             self._backend = new
             self._drop_filter_cache()
 
+    def set_search_params(self, *, ef_search: int | None = None, nprobe: int | None = None) -> None:
+        """Change the ANN search knobs for later searches (the recall / speed trade-off).
+
+        Args:
+            ef_search: HNSW ``efSearch`` (candidates kept while walking the graph), or None to keep.
+            nprobe: IVF lists probed per query, or None to keep.
+
+        Raises:
+            ConfigurationError: a value that is not an int >= 1.
+        """
+        for name, value in (("ef_search", ef_search), ("nprobe", nprobe)):
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+                raise ConfigurationError(f"'{name}' must be None or an int >= 1 (got {describe(value)}).")
+        from gpuprompt.index._faiss import FaissBackend
+
+        with self._lock.write():
+            if ef_search is not None:
+                self._ef_search = ef_search
+            if nprobe is not None:
+                self._nprobe = nprobe
+            if isinstance(self._backend, FaissBackend):
+                self._backend.ef_search = self._ef_search
+                self._backend.nprobe = self._nprobe
+
     # ------------------------------------------------------------------ validation
     def _matrix(self, value: Any, name: str, *, allow_1d: bool) -> Any:
         """A (n, dim) float32 numpy array or torch tensor, checked for shape and finiteness."""
@@ -378,7 +433,10 @@ class VectorIndex:
             import torch
 
             tensor = value.detach()
-            if not (tensor.is_floating_point() or tensor.dtype in (torch.int32, torch.int64, torch.int16, torch.int8, torch.uint8)):
+            if not (
+                tensor.is_floating_point()
+                or tensor.dtype in (torch.int32, torch.int64, torch.int16, torch.int8, torch.uint8)
+            ):
                 raise InputTypeError(f"'{name}' must hold numbers (got a tensor of {tensor.dtype}).")
             if tensor.ndim == 1 and allow_1d:
                 tensor = tensor.unsqueeze(0)
@@ -390,7 +448,9 @@ class VectorIndex:
                 raise InvalidInputError(f"'{name}[{bad}]' must be finite (got a vector with NaN or inf values).")
             return tensor
         if isinstance(value, (str, bytes)) or value is None:
-            raise InputTypeError(f"'{name}' must be a 2-D array of numbers of shape (n, {self._dim}) (got {describe(value)}).")
+            raise InputTypeError(
+                f"'{name}' must be a 2-D array of numbers of shape (n, {self._dim}) (got {describe(value)})."
+            )
         try:
             array = np.asarray(value, dtype=np.float32)
         except (TypeError, ValueError) as exc:
@@ -409,7 +469,9 @@ class VectorIndex:
     def _check_shape(self, shape: tuple[int, ...], name: str, allow_1d: bool) -> None:
         if len(shape) != 2:
             hint = " or one vector of shape (dim,)" if allow_1d else "; wrap a single vector in a list: [vector]"
-            raise InvalidInputError(f"'{name}' must be a 2-D array of shape (n, {self._dim}){hint} (got shape {shape}).")
+            raise InvalidInputError(
+                f"'{name}' must be a 2-D array of shape (n, {self._dim}){hint} (got shape {shape})."
+            )
         if shape[1] != self._dim and shape[0] != 0:
             raise DimensionMismatchError(
                 f"'{name}' must have dimension {self._dim}, the index's (got {shape[1]}, shape {shape}); embed with "
@@ -469,7 +531,7 @@ class VectorIndex:
         unique_ids = [id_list[i] for i in order]
         picks = np.asarray(order, dtype=np.int64)
         unique_vectors = matrix if len(order) == n else matrix[picks]
-        backend = self._ensure_backend()
+        backend = self._ensure_backend(incoming=len(order))
         with self._lock.write():
             store = self._store
             change = store.plan_upsert(unique_ids, unique_vectors)
@@ -537,8 +599,10 @@ class VectorIndex:
 
     def _id_list(self, ids: Any, name: str) -> list[str]:
         if isinstance(ids, (str, bytes)):
-            raise InputTypeError(f"'{name}' must be a list of str, got a bare {type(ids).__name__}; wrap it: [{ids!r}].")
-        if not isinstance(ids, Sequence) and not isinstance(ids, np.ndarray):
+            raise InputTypeError(
+                f"'{name}' must be a list of str, got a bare {type(ids).__name__}; wrap it: [{ids!r}]."
+            )
+        if not isinstance(ids, (Sequence, np.ndarray)):
             raise InputTypeError(f"'{name}' must be a list of str (got {describe(ids)}).")
         out = list(ids)
         for i, key in enumerate(out):
@@ -549,7 +613,7 @@ class VectorIndex:
     def _ids_for_add(self, ids: Any, n: int) -> list[str]:
         if ids is None:
             return [uuid.uuid4().hex for _ in range(n)]
-        if isinstance(ids, (str, bytes)) or not (isinstance(ids, Sequence) or isinstance(ids, np.ndarray)):
+        if isinstance(ids, (str, bytes)) or not isinstance(ids, (Sequence, np.ndarray)):
             raise InputTypeError(f"'ids' must be None or a list of str (got {describe(ids)}).")
         out: list[str] = []
         for i, key in enumerate(ids):
@@ -562,7 +626,9 @@ class VectorIndex:
             else:
                 out.append(key)
         if len(out) != n:
-            raise InvalidInputError(f"'ids' and 'vectors' must have the same length (got {len(out)} ids and {n} vectors).")
+            raise InvalidInputError(
+                f"'ids' and 'vectors' must have the same length (got {len(out)} ids and {n} vectors)."
+            )
         return out
 
     def _documents(self, documents: Any, n: int) -> list[str | None]:
@@ -583,7 +649,9 @@ class VectorIndex:
         if metadatas is None:
             return [{} for _ in range(n)]
         if isinstance(metadatas, (str, bytes, Mapping)) or not isinstance(metadatas, Sequence):
-            raise InputTypeError(f"'metadatas' must be None or a list of dicts, one per vector (got {describe(metadatas)}).")
+            raise InputTypeError(
+                f"'metadatas' must be None or a list of dicts, one per vector (got {describe(metadatas)})."
+            )
         if len(metadatas) != n:
             raise InvalidInputError(
                 f"'metadatas' and 'vectors' must have the same length (got {len(metadatas)} metadatas and {n} vectors)."
@@ -612,7 +680,9 @@ class VectorIndex:
             for key in id_list:
                 row = store.row_of.get(key)
                 if row is not None:
-                    out.append(Record(key, store.vectors[row].copy(), store.documents[row], copy_json(store.metadatas[row])))
+                    out.append(
+                        Record(key, store.vectors[row].copy(), store.documents[row], copy_json(store.metadatas[row]))
+                    )
             return out
 
     def ids(self, filter: Mapping[str, Any] | None = None) -> list[str]:
@@ -708,7 +778,11 @@ class VectorIndex:
     def _mmr_request(self, query: Any, k: Any, fetch_k: Any, lambda_mult: Any, filter: Any) -> _Request:
         k = _check_k(k)
         fetch_k = _check_k(fetch_k, "fetch_k")
-        if not isinstance(lambda_mult, numbers.Real) or isinstance(lambda_mult, bool) or not 0.0 <= float(lambda_mult) <= 1.0:
+        if (
+            not isinstance(lambda_mult, numbers.Real)
+            or isinstance(lambda_mult, bool)
+            or not 0.0 <= float(lambda_mult) <= 1.0
+        ):
             raise InvalidInputError(f"'lambda_mult' must be a number in [0, 1] (got {describe(lambda_mult)}).")
         request = self._request(query, max(k, fetch_k), filter, mmr=(k, float(lambda_mult)))
         if request.queries.shape[0] != 1:
@@ -755,7 +829,9 @@ class VectorIndex:
                     if request.mmr is not None:
                         results[i] = [self._mmr_pick(request, scores[start], rows[start])]
                     else:
-                        results[i] = [self._hits(scores[q, : request.k], rows[q, : request.k]) for q in range(start, stop)]
+                        results[i] = [
+                            self._hits(scores[q, : request.k], rows[q, : request.k]) for q in range(start, stop)
+                        ]
                     start = stop
         return results
 
@@ -919,7 +995,9 @@ class VectorIndex:
             )
 
     @classmethod
-    def load(cls, path: str | Path, device: str = "auto", *, backend: BackendName | None = None, **options: Any) -> VectorIndex:
+    def load(
+        cls, path: str | Path, device: str = "auto", *, backend: BackendName | None = None, **options: Any
+    ) -> VectorIndex:
         """Load a snapshot written by :meth:`save`, validating its manifest and checksums.
 
         A faiss index file is reused when the loaded index runs faiss on this machine; otherwise
@@ -952,8 +1030,14 @@ class VectorIndex:
         except TypeError as exc:
             raise SnapshotError(f"index snapshot {str(path)!r} has an unknown config: {exc}") from exc
         store = index._store
-        store.load(snapshot.vectors, snapshot.labels, snapshot.ids, snapshot.documents, snapshot.metadatas,
-                   manifest["next_label"])
+        store.load(
+            snapshot.vectors,
+            snapshot.labels,
+            snapshot.ids,
+            snapshot.documents,
+            snapshot.metadatas,
+            manifest["next_label"],
+        )
         with index._setup_lock, index._lock.write():
             new: Any = None
             if snapshot.faiss_index is not None and manifest.get("faiss_factory") and _faiss_installed():
@@ -962,12 +1046,18 @@ class VectorIndex:
                 )
                 if wants_faiss:
                     try:
-                        new = index._new_faiss(manifest["faiss_factory"], index._faiss_device(index.device),
-                                               snapshot.faiss_index, manifest["tombstones"])
+                        new = index._new_faiss(
+                            manifest["faiss_factory"],
+                            index._faiss_device(index.device),
+                            snapshot.faiss_index,
+                            manifest["tombstones"],
+                        )
                     except GPUPromptError:
                         raise
                     except Exception as exc:  # faiss raises RuntimeError on a malformed index file
-                        raise SnapshotError(f"index snapshot {str(path)!r}: faiss could not read index.faiss ({exc}).") from exc
+                        raise SnapshotError(
+                            f"index snapshot {str(path)!r}: faiss could not read index.faiss ({exc})."
+                        ) from exc
                     if new.ntotal != store.size + manifest["tombstones"]:
                         raise SnapshotError(
                             f"index snapshot {str(path)!r}: index.faiss holds {new.ntotal} entries, the manifest says "
@@ -993,7 +1083,7 @@ class VectorIndex:
     def __enter__(self) -> VectorIndex:
         return self
 
-    def __exit__(self, *exc_info: Any) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self.close()
 
 
@@ -1051,7 +1141,9 @@ def _stack(parts: list[Any], backend: Any) -> Any:
     if isinstance(backend, TorchBackend):
         import torch
 
-        return torch.cat([backend.queries(part) if isinstance(part, np.ndarray) else part.to(backend.device) for part in parts])
+        return torch.cat(
+            [backend.queries(part) if isinstance(part, np.ndarray) else part.to(backend.device) for part in parts]
+        )
     return np.concatenate([_numpy(part) for part in parts], axis=0)
 
 

@@ -91,8 +91,12 @@ def _write_array(path: Path, array: np.ndarray) -> None:
 def _write_records(path: Path, records: Iterable[tuple[str, str | None, dict[str, Any]]]) -> None:
     def write(handle: Any) -> None:
         for key, document, metadata in records:
-            line = json.dumps({"id": key, "document": document, "metadata": metadata},
-                              ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+            line = json.dumps(
+                {"id": key, "document": document, "metadata": metadata},
+                ensure_ascii=False,
+                allow_nan=False,
+                separators=(",", ":"),
+            )
             handle.write(line.encode("utf-8"))
             handle.write(b"\n")
 
@@ -181,7 +185,9 @@ def _locate(path: Path) -> Path:
             if _is_snapshot(backup):
                 logger.warning("index snapshot %s is missing; recovering the previous one from %s", path, backup)
                 return backup
-        raise SnapshotError(f"no index snapshot at {str(path)!r}: the folder does not exist. Pass the path given to save().")
+        raise SnapshotError(
+            f"no index snapshot at {str(path)!r}: the folder does not exist. Pass the path given to save()."
+        )
     raise SnapshotError(
         f"{str(path)!r} is not an index snapshot: it has no {_MANIFEST}. Pass a folder written by VectorIndex.save()."
     )
@@ -205,12 +211,25 @@ def read_snapshot(path: str | os.PathLike[str]) -> Snapshot:
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
         raise _fail(folder, f"{_MANIFEST} is not a {FORMAT} manifest")
     if manifest.get("format_version") != FORMAT_VERSION:
-        raise _fail(folder, f"format version {manifest.get('format_version')!r} is not supported (this gpuprompt reads "
-                            f"version {FORMAT_VERSION})")
-    for field, kind in (("dim", int), ("count", int), ("next_label", int), ("metric", str), ("backend", str),
-                        ("files", dict), ("config", dict), ("tombstones", int)):
+        raise _fail(
+            folder,
+            f"format version {manifest.get('format_version')!r} is not supported (this gpuprompt reads "
+            f"version {FORMAT_VERSION})",
+        )
+    for field, kind in (
+        ("dim", int),
+        ("count", int),
+        ("next_label", int),
+        ("metric", str),
+        ("backend", str),
+        ("files", dict),
+        ("config", dict),
+        ("tombstones", int),
+    ):
         if not isinstance(manifest.get(field), kind) or isinstance(manifest.get(field), bool):
-            raise _fail(folder, f"manifest field {field!r} must be a {kind.__name__} (got {describe(manifest.get(field))})")
+            raise _fail(
+                folder, f"manifest field {field!r} must be a {kind.__name__} (got {describe(manifest.get(field))})"
+            )
     files: dict[str, Any] = manifest["files"]
     required = {"vectors.npy", "labels.npy", "records.jsonl"}
     if not required <= set(files):
@@ -223,12 +242,18 @@ def read_snapshot(path: str | os.PathLike[str]) -> Snapshot:
             raise _fail(folder, f"{name} is missing")
         size = file.stat().st_size
         if not isinstance(info, dict) or size != info.get("bytes"):
-            raise _fail(folder, f"{name} has {size} bytes, the manifest says {info.get('bytes') if isinstance(info, dict) else '?'} "
-                                "(truncated or replaced)")
+            raise _fail(
+                folder,
+                f"{name} has {size} bytes, the manifest says {info.get('bytes') if isinstance(info, dict) else '?'} "
+                "(truncated or replaced)",
+            )
         digest = _sha256(file)
         if digest != info.get("sha256"):
-            raise _fail(folder, f"{name} has sha256 {digest[:16]}..., the manifest says {str(info.get('sha256'))[:16]}... "
-                                "(corrupted or tampered with)")
+            raise _fail(
+                folder,
+                f"{name} has sha256 {digest[:16]}..., the manifest says {str(info.get('sha256'))[:16]}... "
+                "(corrupted or tampered with)",
+            )
     dim, count = manifest["dim"], manifest["count"]
     vectors = _load_array(folder, "vectors.npy", np.float32, (count, dim))
     labels = _load_array(folder, "labels.npy", np.int64, (count,))
@@ -260,8 +285,15 @@ def _load_records(folder: Path, count: int) -> tuple[list[str], list[str | None]
             for number, line in enumerate(handle, start=1):
                 record = json.loads(line)
                 key, document, metadata = record.get("id"), record.get("document"), record.get("metadata")
-                if not isinstance(key, str) or not (document is None or isinstance(document, str)) or not isinstance(metadata, dict):
-                    raise _fail(folder, f"records.jsonl line {number} is not an {{id: str, document: str|null, metadata: object}}")
+                if (
+                    not isinstance(key, str)
+                    or not (document is None or isinstance(document, str))
+                    or not isinstance(metadata, dict)
+                ):
+                    raise _fail(
+                        folder,
+                        f"records.jsonl line {number} is not an {{id: str, document: str|null, metadata: object}}",
+                    )
                 ids.append(key)
                 documents.append(document)
                 metadatas.append(metadata)

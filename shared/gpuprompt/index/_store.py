@@ -153,8 +153,9 @@ class Store:
     def rows_for_labels(self, labels: np.ndarray) -> np.ndarray:
         """Map labels to rows; -1 for labels that are gone (tombstones) or padding."""
         get = self.row_of_label.get
-        return np.fromiter((get(int(label), -1) for label in labels.ravel()), dtype=np.int64,
-                           count=labels.size).reshape(labels.shape)
+        return np.fromiter(
+            (get(int(label), -1) for label in labels.ravel()), dtype=np.int64, count=labels.size
+        ).reshape(labels.shape)
 
     # ------------------------------------------------------------------ planning (no change yet)
     def plan_upsert(self, ids: list[str], vectors: np.ndarray) -> Change:

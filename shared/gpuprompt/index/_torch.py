@@ -57,11 +57,17 @@ def exact_topk(
     k = min(k, n)
     device = matrix.device
     if k <= 0 or q == 0:
-        return (torch.empty((q, 0), dtype=torch.float32, device=device),
-                torch.empty((q, 0), dtype=torch.long, device=device))
+        return (
+            torch.empty((q, 0), dtype=torch.float32, device=device),
+            torch.empty((q, 0), dtype=torch.long, device=device),
+        )
     if q > _QUERY_CHUNK:
-        parts = [exact_topk(queries[i : i + _QUERY_CHUNK], matrix, k, l2_norms=l2_norms, mask=mask,
-                            budget_bytes=budget_bytes) for i in range(0, q, _QUERY_CHUNK)]
+        parts = [
+            exact_topk(
+                queries[i : i + _QUERY_CHUNK], matrix, k, l2_norms=l2_norms, mask=mask, budget_bytes=budget_bytes
+            )
+            for i in range(0, q, _QUERY_CHUNK)
+        ]
         return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
     block_rows = max(1024, budget_bytes // (4 * q))
     best_keys: torch.Tensor | None = None
@@ -239,11 +245,24 @@ class TorchBackend:
                     mask = torch.from_numpy(allowed.mask).to(self.device)
                     allowed.derived["torch_mask"] = mask
 
+        # |q|^2 - 2 q.x + |x|^2 cancels catastrophically in half precision for near neighbours:
+        # fetch twice as many, then rescore those as sum((x - q)^2) in float32 and keep the best k.
+        rescore = self.metric == "l2" and self.dtype_name != "float32"
+        fetch = min(2 * k, matrix.shape[0]) if rescore else k
+
         def run() -> tuple[torch.Tensor, torch.Tensor]:
             with torch.inference_mode():
-                keys, rows = exact_topk(q.to(self._dtype), matrix, k, l2_norms=norms, mask=mask,
-                                        budget_bytes=_budget(self.device))
-                if self.metric == "l2":
+                keys, rows = exact_topk(
+                    q.to(self._dtype), matrix, fetch, l2_norms=norms, mask=mask, budget_bytes=_budget(self.device)
+                )
+                if rescore and rows.numel():
+                    candidates = matrix[rows.clamp_min(0)].float()  # (q, fetch, d)
+                    d2 = (candidates - q.unsqueeze(1)).pow(2).sum(dim=2)
+                    d2 = d2.masked_fill(rows < 0, math.inf)
+                    d2, order = d2.topk(min(k, d2.shape[1]), dim=1, largest=False)
+                    rows = rows.gather(1, order)
+                    keys = 1.0 / (1.0 + d2)
+                elif self.metric == "l2":
                     keys = l2_scores_from_keys(keys, q)
                 if subset is not None and rows.numel():
                     rows = subset[rows]

@@ -114,9 +114,7 @@ def compile_filter(filter: Mapping[str, Any] | None) -> Predicate:
     if filter is None:
         return _always
     if not isinstance(filter, Mapping):
-        raise FilterError(
-            f"a filter must be a dict such as {{'field': value}} (got {describe(filter)})", path="$"
-        )
+        raise FilterError(f"a filter must be a dict such as {{'field': value}} (got {describe(filter)})", path="$")
     if not filter:
         return _always
     # Compile from the filter itself (json.dumps would silently turn int keys into str), then
@@ -216,7 +214,9 @@ def _compile_field(field: str, condition: Any, path: str) -> Predicate:
         test = _op_eq(condition)
         return lambda metadata: test(get(metadata))
     if not condition:
-        raise FilterError(f"the condition on field {field!r} is an empty dict; give an operator such as {{'$eq': value}}", path=path)
+        raise FilterError(
+            f"the condition on field {field!r} is an empty dict; give an operator such as {{'$eq': value}}", path=path
+        )
     tests: list[Callable[[Any], bool]] = []
     for op, operand in condition.items():
         child = f"{path}.{op}"
@@ -247,7 +247,9 @@ def _compile_op(op: str, operand: Any, path: str) -> Callable[[Any], bool]:
         return eq if op == "$eq" else (lambda value: not eq(value))
     if op in ("$gt", "$gte", "$lt", "$lte"):
         if not (_is_number(operand) or isinstance(operand, str)):
-            raise FilterError(f"the {op!r} operand must be a finite number or a str (got {describe(operand)})", path=path)
+            raise FilterError(
+                f"the {op!r} operand must be a finite number or a str (got {describe(operand)})", path=path
+            )
         return _op_order(op, operand)
     if op in ("$in", "$nin"):
         if not isinstance(operand, (list, tuple)):
