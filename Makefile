@@ -15,3 +15,8 @@ test: venv
 
 bench: venv
 	$(PY) -m gpuprompt.cli bench all --quick --out bench-results
+
+# A local server + Locust headless for a bounded time; prints p50/p95 and failures per request type.
+# Options: make load LOAD_USERS=32 LOAD_TIME=60s LOAD_BACKEND=auto|vllm|transformers
+load: venv
+	$(PY) examples/locustfile.py --users $(or $(LOAD_USERS),32) --run-time $(or $(LOAD_TIME),60s) --backend $(or $(LOAD_BACKEND),auto)
