@@ -344,11 +344,8 @@ class ChatGPUPrompt(BaseChatModel):
                 if deadline is not None and time.monotonic() > deadline:
                     raise TimeoutError(f"ChatGPUPrompt: the reply took longer than timeout={timeout} s; it was aborted.")
                 chunk = _delta_chunk(delta, engine.model_name, tool_mode, pieces)
-                if chunk is None:
-                    continue
-                if run_manager is not None and chunk.text:
-                    run_manager.on_llm_new_token(chunk.text, chunk=chunk)
-                yield chunk
+                if chunk is not None:
+                    yield chunk  # BaseChatModel reports each chunk to the callbacks
         finally:
             close = getattr(deltas, "close", None)
             if close is not None:
@@ -379,11 +376,8 @@ class ChatGPUPrompt(BaseChatModel):
                         f"ChatGPUPrompt: the reply took longer than timeout={timeout} s; it was aborted."
                     ) from exc
                 chunk = _delta_chunk(delta, engine.model_name, tool_mode, pieces)
-                if chunk is None:
-                    continue
-                if run_manager is not None and chunk.text:
-                    await run_manager.on_llm_new_token(chunk.text, chunk=chunk)
-                yield chunk
+                if chunk is not None:
+                    yield chunk  # BaseChatModel reports each chunk to the callbacks
         finally:
             aclose = getattr(deltas, "aclose", None)
             if aclose is not None:

@@ -84,6 +84,23 @@ async def test_astream_concatenates_to_the_ainvoke_text(lc_chat: ChatGPUPrompt) 
     assert "".join(str(c.content) for c in chunks) == (await lc_chat.ainvoke("Name a fruit.")).content
 
 
+def test_streaming_flag_serves_invoke_token_by_token(lc_chat: ChatGPUPrompt) -> None:
+    from langchain_core.callbacks import BaseCallbackHandler
+
+    class Tokens(BaseCallbackHandler):
+        def __init__(self) -> None:
+            self.tokens: list[str] = []
+
+        def on_llm_new_token(self, token: str, **kwargs: Any) -> None:
+            self.tokens.append(token)
+
+    seen = Tokens()
+    streaming = ChatGPUPrompt(backend="transformers", max_tokens=8, streaming=True)
+    message = streaming.invoke("Name a colour.", config={"callbacks": [seen]})
+    assert len(seen.tokens) > 1 and "".join(seen.tokens) == message.content
+    assert message.usage_metadata["output_tokens"] >= 1
+
+
 def test_max_tokens_and_stop_strings(lc_chat: ChatGPUPrompt) -> None:
     short = lc_chat.invoke("Count from one to twenty in words.", max_tokens=3)
     assert short.response_metadata["finish_reason"] == "length"
