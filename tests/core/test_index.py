@@ -656,3 +656,30 @@ def test_half_precision_storage_path(metric: str) -> None:
         assert [len(row) for row in a] == [5] * 6
         np.testing.assert_allclose([row[0].score for row in a], [row[0].score for row in b], rtol=1e-2, atol=1e-2)
     assert [h.id for h in half.mmr(queries[0], k=3)] == [h.id for h in full.mmr(queries[0], k=3)]
+
+
+def test_dropped_index_is_collected_and_its_worker_stops() -> None:
+    import gc
+    import weakref
+
+    index = small()
+    index.add(["a"], np.eye(4)[:1])
+    assert index.search(np.eye(4)[0], k=1)[0][0].id == "a"
+    worker = index._batcher._worker
+    ref = weakref.ref(index)
+    del index
+    gc.collect()
+    assert ref() is None
+    worker.join(timeout=10)
+    assert not worker.is_alive()
+
+
+def test_closed_index_refuses_searches() -> None:
+    from gpuprompt.errors import ClosedError
+
+    with small() as index:
+        index.add(["a"], np.eye(4)[:1])
+        index.search(np.eye(4)[0], k=1)
+    with pytest.raises(ClosedError):
+        index.search(np.eye(4)[0], k=1)
+    assert index.get(["a"])[0].id == "a"  # the data stays readable

@@ -13,6 +13,7 @@ import math
 import numbers
 import threading
 import uuid
+import weakref
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -800,13 +801,16 @@ class VectorIndex:
                 if self._closed:
                     raise ClosedError("this VectorIndex was closed; create or load a new one.")
                 if self._batcher is None:
+                    # The worker thread holds only a weak reference to the index, so an index that
+                    # is dropped without close() is still collected, and its worker stops with it.
                     self._batcher = MicroBatcher(
-                        self._run_batch,
+                        _weak_batch(weakref.ref(self)),
                         name="index-search",
-                        cost=lambda item: int(item.queries.shape[0]),
+                        cost=_request_cost,
                         max_batch_cost=4096,
                         **self._batch_options,
                     )
+                    weakref.finalize(self, self._batcher.close, timeout=0)
                 batcher = self._batcher
         return batcher.submit(request)
 
@@ -1123,6 +1127,20 @@ def mmr_select(query: torch.Tensor, candidates: torch.Tensor, k: int, lambda_mul
             taken[best] = True
             redundancy = torch.maximum(redundancy, between[best])
         return picked.cpu().tolist()
+
+
+def _request_cost(request: _Request) -> int:
+    return int(request.queries.shape[0])
+
+
+def _weak_batch(ref: weakref.ref[VectorIndex]) -> Any:
+    def run(requests: list[_Request]) -> list[Any]:
+        index = ref()
+        if index is None:
+            raise ClosedError("the VectorIndex behind this search was garbage-collected.")
+        return index._run_batch(requests)
+
+    return run
 
 
 def _numpy(queries: Any) -> np.ndarray:
