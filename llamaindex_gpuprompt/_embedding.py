@@ -13,11 +13,13 @@ from llama_index.core.bridge.pydantic import ConfigDict, Field, PrivateAttr
 
 from gpuprompt.errors import ConfigurationError, InputTypeError, describe
 from gpuprompt.models import BUNDLED_EMBEDDING_MODEL
+from llamaindex_gpuprompt._common import check_options
 
 if TYPE_CHECKING:
     from gpuprompt.embedder import Embedder
 
 __all__ = ["GPUPromptEmbedding"]
+
 
 
 class GPUPromptEmbedding(BaseEmbedding):
@@ -73,6 +75,7 @@ class GPUPromptEmbedding(BaseEmbedding):
             if not isinstance(embedder, Embedder):
                 raise ConfigurationError(f"'embedder' must be a gpuprompt.Embedder or None (got {describe(embedder)}).")
             model_name = embedder.model_id
+        check_options("embedder_options", kwargs.get("embedder_options"), ("model", "device", "normalize"))
         super().__init__(model_name=model_name, **kwargs)
         self._embedder = embedder
 

@@ -34,6 +34,7 @@ from llama_index.core.llms.callbacks import llm_chat_callback, llm_completion_ca
 from llama_index.core.llms.llm import LLM
 
 from gpuprompt.errors import ConfigurationError, InputTypeError, InvalidInputError, describe
+from llamaindex_gpuprompt._common import check_options
 
 if TYPE_CHECKING:
     from llama_index.core.prompts import PromptTemplate
@@ -177,6 +178,7 @@ class GPUPromptLLM(LLM):
             if not isinstance(engine, LLMEngine):
                 raise ConfigurationError(f"'engine' must be a gpuprompt.LLMEngine or None (got {describe(engine)}).")
             model = engine.config.model
+        check_options("engine_options", kwargs.get("engine_options"), ("model", "backend", "device", "max_model_len"))
         super().__init__(model=model, **kwargs)
         self._engine = engine
 

@@ -32,6 +32,7 @@ from gpuprompt.errors import (
     InvalidInputError,
     describe,
 )
+from llamaindex_gpuprompt._common import check_options
 from llamaindex_gpuprompt._filters import to_core_filter
 
 if TYPE_CHECKING:
@@ -119,6 +120,7 @@ class GPUPromptVectorStore(BasePydanticVectorStore):
                 raise ConfigurationError(f"'index' must be a gpuprompt.VectorIndex or None (got {describe(index)}).")
             kwargs.setdefault("dim", index.dim)
             kwargs.setdefault("metric", index.metric)
+        check_options("index_options", kwargs.get("index_options"), ("dim", "metric", "backend", "device"))
         super().__init__(**kwargs)
         self._index = index
 

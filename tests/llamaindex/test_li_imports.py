@@ -50,3 +50,19 @@ def test_public_classes_and_construction_load_nothing_heavy() -> None:
         "GPUPromptEmbedding(); GPUPromptVectorStore(); GPUPromptLLM(); GPUPromptContextMemoryBlock()\n"
     )
     assert _heavy_modules_after(code) == []
+
+
+def test_option_dicts_may_not_repeat_fields() -> None:
+    import pytest
+
+    from gpuprompt.errors import ConfigurationError
+    from llamaindex_gpuprompt import GPUPromptEmbedding, GPUPromptLLM, GPUPromptVectorStore
+
+    with pytest.raises(ConfigurationError, match=r"'embedder_options' must not repeat \['device'\]"):
+        GPUPromptEmbedding(embedder_options={"device": "cpu"})
+    with pytest.raises(ConfigurationError, match=r"'engine_options' must not repeat \['backend'\]"):
+        GPUPromptLLM(engine_options={"backend": "vllm", "dtype": "float32"})
+    with pytest.raises(ConfigurationError, match=r"'index_options' must not repeat \['metric'\]"):
+        GPUPromptVectorStore(index_options={"metric": "l2"})
+    with pytest.raises(ConfigurationError, match="'engine_options' must be a dict"):
+        GPUPromptLLM(engine_options=3)
