@@ -61,6 +61,24 @@ def test_full_engine_queue_is_429_and_the_queued_request_still_completes(tiny, t
     assert tiny_engine.stats().aborted >= 1
 
 
+def test_leaving_before_the_first_token_drops_the_queued_request(tiny, tiny_engine) -> None:
+    slow = {"messages": STORY, "max_tokens": 200, "temperature": 0, "stream": True}
+    before = tiny_engine.stats()
+    with tiny.client() as http, http.stream("POST", "/v1/chat/completions", json=slow) as running:
+        lines = running.iter_lines()
+        assert next(lines).startswith("data: ")
+        # A second stream waits in the engine queue: its headers come with its first token, so
+        # the client gives up first.
+        with tiny.client(timeout=httpx.Timeout(30.0, read=1.0)) as impatient:
+            with pytest.raises(httpx.ReadTimeout):
+                with impatient.stream("POST", "/v1/chat/completions", json=slow) as queued:
+                    queued.read()
+        assert wait_until(lambda: tiny_engine.stats().aborted == before.aborted + 1)
+        assert tiny_engine.stats().in_flight == 1  # only the running stream is left
+        assert tiny_engine.stats().completion_tokens == before.completion_tokens  # the queued one never ran
+    assert wait_until(lambda: tiny_engine.stats().in_flight == 0)
+
+
 def test_stream_disconnect_aborts_the_engine_request(live, server_llm) -> None:
     before = server_llm.stats().aborted
     body = {"messages": STORY, "max_tokens": 200, "temperature": 0, "stream": True}

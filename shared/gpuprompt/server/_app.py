@@ -185,6 +185,16 @@ async def _until_disconnect(request: Request, work: Awaitable[T]) -> T | Respons
         task.cancel()
 
 
+async def _all_or_none(works: list[Awaitable[T]]) -> list[T]:
+    """Await every choice; if one fails (or the caller is cancelled), cancel the others in the engine."""
+    tasks = [asyncio.ensure_future(work) for work in works]
+    try:
+        return list(await asyncio.gather(*tasks))
+    finally:
+        for task in tasks:
+            task.cancel()
+
+
 def create_app(
     config: ServerConfig | None = None,
     *,
@@ -329,18 +339,20 @@ def _routes(app: FastAPI, server: _Server) -> None:  # noqa: C901 - one function
                 param="input",
                 code="invalid_value",
             )
+        if body.dimensions is not None:
+            dim = await asyncio.to_thread(lambda: server.embedder.dim)  # loads the model if not preloaded
+            if body.dimensions != dim:
+                raise ApiError(
+                    400,
+                    f"'dimensions' must be {dim}, the model's dimension (got {body.dimensions}); this server does "
+                    "not shorten embeddings.",
+                    param="dimensions",
+                    code="invalid_value",
+                )
         started = time.perf_counter()
         vectors = await server.embedder.aembed(texts)
         metrics.embedding_latency.observe(time.perf_counter() - started)
         metrics.embedding_inputs.observe(len(texts))
-        if body.dimensions is not None and body.dimensions != vectors.shape[1]:
-            raise ApiError(
-                400,
-                f"'dimensions' must be {vectors.shape[1]}, the model's dimension (got {body.dimensions}); this "
-                "server does not shorten embeddings.",
-                param="dimensions",
-                code="invalid_value",
-            )
         tokens = sum(await server.count_tokens(texts))
         if body.encoding_format == "base64":
             little = vectors.astype("<f4", copy=False)
@@ -366,9 +378,9 @@ def _routes(app: FastAPI, server: _Server) -> None:  # noqa: C901 - one function
         completion_id = f"chatcmpl-{uuid.uuid4().hex}"
         requests = [server.generation_request(body, completion_id, i) for i in range(body.n)]
         if body.stream:
-            return await _stream_chat(server, body, requests[0], completion_id)
+            return await _stream_chat(server, request, body, requests[0], completion_id)
         started = time.perf_counter()
-        outcome = await _until_disconnect(request, asyncio.gather(*(server.llm.agenerate(r) for r in requests)))
+        outcome = await _until_disconnect(request, _all_or_none([server.llm.agenerate(r) for r in requests]))
         if isinstance(outcome, Response):
             return outcome
         results: list[GenerationResult] = list(outcome)
@@ -505,7 +517,11 @@ def _hit(hit: Any) -> s.HitModel:
 
 
 async def _stream_chat(
-    server: _Server, body: s.ChatCompletionRequest, request: GenerationRequest, completion_id: str
+    server: _Server,
+    http_request: Request,
+    body: s.ChatCompletionRequest,
+    request: GenerationRequest,
+    completion_id: str,
 ) -> Response:
     """Start the stream and wait for its first delta before answering, so a request the engine
     refuses (too long, queue full, ...) still gets its proper HTTP status."""
@@ -514,12 +530,15 @@ async def _stream_chat(
     started = time.perf_counter()
     stream = server.llm.astream(request)
     try:
-        first = await stream.__anext__()
+        first = await _until_disconnect(http_request, stream.__anext__())
     except StopAsyncIteration:  # pragma: no cover - the engine always ends with a final delta
         raise InvalidInputError("the engine produced no output for this request.") from None
     except BaseException:
         await stream.aclose()
         raise
+    if isinstance(first, Response):  # the client left before the first token
+        await stream.aclose()
+        return first
     metrics.ttft.labels("chat_stream").observe(time.perf_counter() - started)
     created = int(time.time())
     model = server.llm.model_name
