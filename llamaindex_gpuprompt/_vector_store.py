@@ -198,10 +198,11 @@ class GPUPromptVectorStore(BasePydanticVectorStore):
             vectors.append(embedding)
             documents.append(node.get_content(metadata_mode=MetadataMode.NONE))
             metadatas.append(metadata)
-        if len(set(ids)) != len(ids):
-            seen: set[str] = set()
-            duplicate = next(node_id for node_id in ids if node_id in seen or seen.add(node_id))  # type: ignore[func-returns-value]
-            raise InvalidInputError(f"'nodes' must have distinct ids (got {duplicate!r} more than once).")
+        seen: set[str] = set()
+        for node_id in ids:
+            if node_id in seen:
+                raise InvalidInputError(f"'nodes' must have distinct ids (got {node_id!r} more than once).")
+            seen.add(node_id)
         return ids, vectors, documents, metadatas
 
     @staticmethod
