@@ -131,3 +131,30 @@ def test_mixed_writers_and_readers_stay_consistent(kind: str) -> None:
     stats = index.stats()
     assert stats.batcher.failed == 0
     index.close()
+
+
+def test_concurrent_adds_across_the_auto_switch_lose_nothing() -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("auto stays on the torch backend on CUDA")
+    index = VectorIndex(DIM, ann_threshold=300, ef_search=128)
+    rng = np.random.default_rng(3)
+    vectors = rng.standard_normal((8, 100, DIM)).astype(np.float32)
+    barrier = threading.Barrier(8)
+
+    def writer(t: int) -> None:
+        barrier.wait()
+        for start in range(0, 100, 10):
+            index.add([f"w{t}-{i}" for i in range(start, start + 10)], vectors[t, start : start + 10])
+
+    threads = [threading.Thread(target=writer, args=(t,)) for t in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+    assert index.backend_name == "faiss:HNSW32:cpu" and index.count == 800
+    flat = vectors.reshape(800, DIM)
+    hits = index.search(flat, k=1)
+    found = sum(row[0].id == f"w{i // 100}-{i % 100}" for i, row in enumerate(hits))
+    assert found >= 790  # every record reached the HNSW index (a lost one could never be found)

@@ -532,12 +532,13 @@ class VectorIndex:
         unique_ids = [id_list[i] for i in order]
         picks = np.asarray(order, dtype=np.int64)
         unique_vectors = matrix if len(order) == n else matrix[picks]
-        backend = self._ensure_backend(incoming=len(order))
+        self._ensure_backend(incoming=len(order))
         with self._lock.write():
             store = self._store
             change = store.plan_upsert(unique_ids, unique_vectors)
             store.reserve(change.size)
-            self._backend_apply(backend, change)
+            # Read the backend under the lock: another writer may have switched it meanwhile.
+            self._backend_apply(self._backend, change)
             store.apply_upsert(change, unique_ids, [docs[i] for i in order], [metas[i] for i in order])
             self._after_write()
         return id_list
@@ -554,24 +555,23 @@ class VectorIndex:
         id_list = self._id_list(ids, "ids")
         if not id_list:
             return 0
-        backend = self._ensure_backend()
+        self._ensure_backend()
         with self._lock.write():
             store = self._store
             change = store.plan_delete(id_list)
             if not change.removed_labels.size:
                 return 0
-            self._backend_apply(backend, change)
+            self._backend_apply(self._backend, change)
             store.apply_delete(change)
             self._after_write()
             return int(change.removed_labels.size)
 
     def clear(self) -> None:
         """Delete every record (a trained faiss index keeps its training)."""
-        backend = self._backend
         with self._lock.write():
             self._store.clear()
-            if backend is not None:
-                backend.reset()
+            if self._backend is not None:
+                self._backend.reset()
             self._drop_filter_cache()
 
     def _backend_apply(self, backend: Any, change: Any) -> None:
