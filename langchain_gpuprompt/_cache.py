@@ -56,7 +56,8 @@ class GPUPromptSemanticCache(BaseCache):
         score_threshold: float = 0.95,
         device: str = "auto",
     ) -> None:
-        if isinstance(score_threshold, bool) or not isinstance(score_threshold, (int, float)) or not -1.0 <= score_threshold <= 1.0:
+        number = isinstance(score_threshold, (int, float)) and not isinstance(score_threshold, bool)
+        if not number or not -1.0 <= score_threshold <= 1.0:
             raise ConfigurationError(
                 f"'score_threshold' must be a cosine similarity in [-1, 1] (got {describe(score_threshold)})."
             )

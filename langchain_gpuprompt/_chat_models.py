@@ -253,14 +253,15 @@ class ChatGPUPrompt(BaseChatModel):
         return self.engine.count_tokens(_to_core_messages(messages))
 
     # ------------------------------------------------------------------ request building
-    def _request(self, messages: list[dict[str, str]], stop: list[str] | None, kwargs: dict[str, Any]) -> GenerationRequest:
+    def _request(
+        self, messages: list[dict[str, str]], stop: list[str] | None, kwargs: dict[str, Any]
+    ) -> GenerationRequest:
         from gpuprompt.llm import GenerationRequest
 
         unknown = sorted(set(kwargs) - _CALL_OPTIONS)
         if unknown:
-            raise InvalidInputError(
-                f"ChatGPUPrompt got unexpected call option(s) {unknown}; valid: {sorted(_CALL_OPTIONS - {'ls_structured_output_format', 'stream'})}."
-            )
+            valid = sorted(_CALL_OPTIONS - {"ls_structured_output_format", "stream"})
+            raise InvalidInputError(f"ChatGPUPrompt got unexpected call option(s) {unknown}; valid: {valid}.")
         response_format = kwargs.get("response_format")
         tools = kwargs.get("tools")
         if tools:
@@ -342,7 +343,9 @@ class ChatGPUPrompt(BaseChatModel):
             pieces: list[str] = []
             for delta in deltas:
                 if deadline is not None and time.monotonic() > deadline:
-                    raise TimeoutError(f"ChatGPUPrompt: the reply took longer than timeout={timeout} s; it was aborted.")
+                    raise TimeoutError(
+                        f"ChatGPUPrompt: the reply took longer than timeout={timeout} s; it was aborted."
+                    )
                 chunk = _delta_chunk(delta, engine.model_name, tool_mode, pieces)
                 if chunk is not None:
                     yield chunk  # BaseChatModel reports each chunk to the callbacks
@@ -495,7 +498,11 @@ class ChatGPUPrompt(BaseChatModel):
                 {"type": "json_object"} if method == "json_mode" else _json_schema(schema)
             )
             llm = self.bind(response_format=response_format, ls_structured_output_format=trace)
-            parser = PydanticOutputParser(pydantic_object=schema) if pydantic_schema else JsonOutputParser()  # type: ignore[arg-type]
+            parser = (
+                PydanticOutputParser(pydantic_object=schema)  # type: ignore[arg-type]
+                if pydantic_schema
+                else JsonOutputParser()
+            )
         if not include_raw:
             return llm | parser
         parsed = RunnablePassthrough.assign(parsed=itemgetter("raw") | parser, parsing_error=lambda _: None)
@@ -544,7 +551,8 @@ def _to_core_messages(messages: Sequence[BaseMessage]) -> list[dict[str, str]]:
             # The bundled chat templates know no tool role: the result goes back as a user turn.
             status = " (error)" if message.status == "error" else ""
             name = f" {message.name}" if message.name else ""
-            core.append({"role": "user", "content": f"Result of tool{name} call {message.tool_call_id}{status}: {text}"})
+            result = f"Result of tool{name} call {message.tool_call_id}{status}: {text}"
+            core.append({"role": "user", "content": result})
         elif isinstance(message, ChatMessage) and message.role in ("system", "user", "assistant"):
             core.append({"role": message.role, "content": text})
         else:
@@ -673,7 +681,9 @@ def _tool_message(text: str, usage: UsageMetadata | None, metadata: dict[str, An
     except (ValueError, TypeError, KeyError) as exc:
         return AIMessage(
             content=text,
-            invalid_tool_calls=[{"name": None, "args": text, "id": None, "error": str(exc), "type": "invalid_tool_call"}],
+            invalid_tool_calls=[
+                {"name": None, "args": text, "id": None, "error": str(exc), "type": "invalid_tool_call"}
+            ],
             usage_metadata=usage,
             response_metadata=metadata,
         )

@@ -119,10 +119,13 @@ class GPUPromptStore(BaseStore):
     ) -> None:
         if index is not None and index is not False and not isinstance(index, Mapping):
             raise ConfigurationError(
-                f"'index' must be None, False or an IndexConfig dict like {{'fields': ['text']}} (got {describe(index)})."
+                "'index' must be None, False or an IndexConfig dict like {'fields': ['text']} "
+                f"(got {describe(index)})."
             )
         if ttl is not None and not isinstance(ttl, Mapping):
-            raise ConfigurationError(f"'ttl' must be None or a TTLConfig dict like {{'default_ttl': 60}} (got {describe(ttl)}).")
+            raise ConfigurationError(
+                f"'ttl' must be None or a TTLConfig dict like {{'default_ttl': 60}} (got {describe(ttl)})."
+            )
         self.ttl_config = dict(ttl) if ttl is not None else None  # type: ignore[assignment]
         default_ttl = (ttl or {}).get("default_ttl")
         if default_ttl is not None and (not isinstance(default_ttl, (int, float)) or default_ttl <= 0):
@@ -298,7 +301,9 @@ class GPUPromptStore(BaseStore):
                 ranked.append((float(hit.score), entry))
         return ranked
 
-    def _page(self, op: SearchOp, core_filter: dict[str, Any] | None, ranked: list[tuple[float, _Entry]]) -> list[SearchItem]:
+    def _page(
+        self, op: SearchOp, core_filter: dict[str, Any] | None, ranked: list[tuple[float, _Entry]]
+    ) -> list[SearchItem]:
         kept: list[tuple[float | None, _Entry]] = list(ranked[op.offset : op.offset + op.limit])
         if len(kept) < op.limit:
             # Matching items with nothing to embed still fill the page, unscored (as InMemoryStore).
@@ -357,7 +362,9 @@ class GPUPromptStore(BaseStore):
         vectors = await self._vectors._aembed_documents(texts) if texts and self._vectors is not None else None
         return texts, ids, metadatas, vectors
 
-    def _apply(self, puts: dict[_Path, PutOp], embedded: tuple[list[str], list[str], list[dict[str, Any]], Any]) -> None:
+    def _apply(
+        self, puts: dict[_Path, PutOp], embedded: tuple[list[str], list[str], list[dict[str, Any]], Any]
+    ) -> None:
         texts, ids, metadatas, vectors = embedded
         now = datetime.now(timezone.utc)
         with self._lock:
@@ -404,7 +411,10 @@ def _check_op(op: Any, position: int) -> None:
         )
     if isinstance(op, PutOp):
         if not op.namespace or not all(isinstance(label, str) and label for label in op.namespace):
-            raise InvalidInputError(f"'ops[{position}].namespace' must be a non-empty tuple of non-empty str (got {describe(op.namespace)}).")
+            raise InvalidInputError(
+                f"'ops[{position}].namespace' must be a non-empty tuple of non-empty str "
+                f"(got {describe(op.namespace)})."
+            )
         if op.value is not None:
             if not isinstance(op.value, Mapping):
                 raise InputTypeError(f"'ops[{position}].value' must be a dict or None (got {describe(op.value)}).")

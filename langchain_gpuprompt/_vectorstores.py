@@ -104,7 +104,8 @@ class GPUPromptVectorStore(VectorStore):
     ) -> None:
         if not isinstance(embedding, Embeddings):
             raise InputTypeError(
-                f"'embedding' must be a langchain_core Embeddings, e.g. GPUPromptEmbeddings() (got {describe(embedding)})."
+                "'embedding' must be a langchain_core Embeddings, e.g. GPUPromptEmbeddings() "
+                f"(got {describe(embedding)})."
             )
         if metric not in _METRICS:
             raise ConfigurationError(f"'metric' must be one of {list(_METRICS)} (got {describe(metric)}).")
@@ -407,7 +408,9 @@ class GPUPromptVectorStore(VectorStore):
         _no_kwargs("amax_marginal_relevance_search_by_vector", kwargs)
         return await self._ammr(_as_matrix([embedding], "embedding"), k, fetch_k, lambda_mult, filter)
 
-    def _mmr(self, vectors: Any, k: int, fetch_k: int, lambda_mult: float, filter: dict[str, Any] | None) -> list[Document]:
+    def _mmr(
+        self, vectors: Any, k: int, fetch_k: int, lambda_mult: float, filter: dict[str, Any] | None
+    ) -> list[Document]:
         index = self._ensure_index(int(vectors.shape[1]))
         hits = index.mmr(vectors[0], k=k, fetch_k=fetch_k, lambda_mult=lambda_mult, filter=filter)
         return [_hit_document(hit) for hit in hits]
