@@ -91,17 +91,18 @@ class ChatGPUPrompt(BaseChatModel):
 
             msg = llm.invoke([("system", "You are a shop assistant."), ("human", "Hi!")])
             msg.content
-            # 'Hello! How can I help you today?'
+            # 'Hello there! How can I assist you today?'
             msg.usage_metadata
-            # {'input_tokens': 25, 'output_tokens': 10, 'total_tokens': 35}
+            # {'input_tokens': 22, 'output_tokens': 11, 'total_tokens': 33}
             msg.response_metadata
-            # {'model_name': 'SmolLM2-135M-Instruct', 'finish_reason': 'stop'}
+            # {'model_name': 'HuggingFaceTB/SmolLM2-135M-Instruct', 'finish_reason': 'stop'}
 
     Stream:
         .. code-block:: python
 
             for chunk in llm.stream("Name three colours."):
                 print(chunk.content, end="")
+            # 1. Red: This is the most obvious colour, ...
 
     Async and batch (one engine batch for all inputs):
         .. code-block:: python
@@ -119,13 +120,14 @@ class ChatGPUPrompt(BaseChatModel):
                 price: float
 
             llm.with_structured_output(Product).invoke("A red dress that costs 40 euros.")
-            # Product(name='Red dress', price=40.0)
+            # Product(name='Ava', price=40.0)          (the schema always holds; the 135M model's
+            #                                           reading of the text is another matter)
 
     Tool calling (guided decoding of ``{"name": ..., "arguments": {...}}``; vLLM backend):
         .. code-block:: python
 
             llm.bind_tools([get_order_status], tool_choice="any").invoke("Where is order 42?").tool_calls
-            # [{'name': 'get_order_status', 'args': {'order_id': 42}, 'id': 'call_...', 'type': 'tool_call'}]
+            # [{'name': 'get_order_status', 'args': {'order_id': 42}, 'id': 'call_a8b0...', 'type': 'tool_call'}]
     """
 
     model: str | None = None

@@ -70,7 +70,7 @@ class GPUPromptVectorStore(VectorStore):
             store.similarity_search("something red to wear", k=1)
             # [Document(id='p1', metadata={'color': 'red', 'price': 40}, page_content='red summer dress')]
             store.similarity_search("clothes", k=5, filter={"price": {"$lt": 50}})
-            # [Document(id='p1', ...)]
+            # [Document(id='p1', metadata={'color': 'red', 'price': 40}, page_content='red summer dress')]
 
     Retriever:
         .. code-block:: python
