@@ -140,3 +140,11 @@ def test_client_errors_are_typed(openai_client) -> None:
     with pytest.raises(openai.UnprocessableEntityError) as info:
         openai_client.chat.completions.create(model=CHAT, messages=QUESTION, max_tokens=2, temperature=5)
     assert "'temperature'" in info.value.message
+
+
+def test_usage_counts_tokens_as_the_model_reads_them(openai_client, embedder, sentence_transformer) -> None:
+    short, long = "a red cotton dress", "word " * 2000
+    expected = len(sentence_transformer.tokenizer(short)["input_ids"])
+    assert embedder.count_tokens([short, long]) == [expected, embedder.max_length]  # long texts are truncated
+    response = openai_client.embeddings.create(model=EMBED, input=[short, long])
+    assert response.usage.prompt_tokens == expected + embedder.max_length

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import dataclasses
 import json
 import logging
 import time
@@ -21,7 +22,7 @@ from fastapi import FastAPI, Path, Request
 from fastapi.responses import Response, StreamingResponse
 from pydantic import BaseModel
 
-from gpuprompt.errors import InvalidInputError
+from gpuprompt.errors import ConfigurationError, InvalidInputError
 from gpuprompt.server import _schemas as s
 from gpuprompt.server._collections import COLLECTION_NAME_PATTERN, Collections
 from gpuprompt.server._config import ServerConfig
@@ -225,13 +226,9 @@ def create_app(
     Raises:
         ConfigurationError: an unknown or invalid option.
     """
-    from gpuprompt.errors import ConfigurationError
-
     if config is not None and options:
         raise ConfigurationError("pass either 'config' or individual options to create_app, not both.")
     if config is None:
-        import dataclasses
-
         valid = sorted(f.name for f in dataclasses.fields(ServerConfig))
         unknown = sorted(set(options) - set(valid))
         if unknown:
