@@ -4,6 +4,15 @@ Routes: ``GET /v1/models``, ``POST /v1/embeddings``, ``POST /v1/chat/completions
 streaming), collections (``/v1/collections/{name}/documents | query | chat``), ``GET /health``,
 ``GET /metrics`` (Prometheus). Needs fastapi, uvicorn and prometheus-client:
 ``pip install 'gpuprompt[server]'``.
+
+Example, against ``gpuprompt serve --port 8000``::
+
+    curl -s http://127.0.0.1:8000/v1/chat/completions -H 'Content-Type: application/json' \
+        -d '{"messages": [{"role": "user", "content": "Hi!"}], "max_tokens": 32}'
+    curl -s http://127.0.0.1:8000/v1/collections/shop/documents -H 'Content-Type: application/json' \
+        -d '{"documents": ["Aurora dress: red cotton, 49 EUR."], "ids": ["P1"]}'
+    curl -s http://127.0.0.1:8000/v1/collections/shop/chat -H 'Content-Type: application/json' \
+        -d '{"session_id": "c42", "question": "Is the red dress cotton?"}'
 """
 
 from __future__ import annotations
