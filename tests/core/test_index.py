@@ -109,6 +109,7 @@ def test_exports_and_lazy_imports() -> None:
         ({"backend": "torch", "index_factory": "HNSW32"}, "faiss option"),
         ({"index_factory": ""}, "'index_factory' must be"),
         ({"ef_search": 0}, "'ef_search' must be"),
+        ({"ef_construction": 1.5}, "'ef_construction' must be"),
         ({"dtype": "int8"}, "'dtype' must be"),
         ({"max_batch_size": 0}, "max_batch_size"),
         ({"compact_fraction": 0}, "'compact_fraction'"),
@@ -484,6 +485,9 @@ def test_hnsw_tombstones_are_skipped_then_compacted() -> None:
     vectors = clustered(400, seed=13)
     ids = [str(i) for i in range(400)]
     index.add(ids, vectors)
+    import faiss
+
+    assert faiss.downcast_index(index._backend._index.index).hnsw.efConstruction == 100
     index.delete(ids[:100])  # 100 tombstones <= 0.5 * 300 live: kept
     assert index.stats().tombstones == 100
     hits = index.search(vectors[:100], k=5)

@@ -70,6 +70,8 @@ class FaissBackend:
         factory: a faiss ``index_factory`` string (``"Flat"``, ``"HNSW32"``, ``"IVF1024,Flat"``, ...).
         device: ``"cpu"`` or a CUDA device (needs a faiss GPU build; Flat and IVF only).
         ef_search: HNSW ``efSearch`` (default 64, raised to k and for selective filters).
+        ef_construction: HNSW ``efConstruction`` (default 100; faiss's 40 builds 2x faster but, on
+            clustered 384-d data, gave recall@10 0.94 at efSearch 32 where 100 gave 0.99).
         nprobe: IVF lists probed (default ``max(8, nlist // 128)``).
         compact_fraction: rebuild when tombstones exceed this share of live records.
         index: an already built index to adopt (snapshot loading); its labels must match the store.
@@ -85,6 +87,7 @@ class FaissBackend:
         *,
         device: str = "cpu",
         ef_search: int | None = None,
+        ef_construction: int | None = None,
         nprobe: int | None = None,
         compact_fraction: float = 0.25,
         index: Any = None,
@@ -96,6 +99,7 @@ class FaissBackend:
         self.factory = _strip_idmap(factory or "Flat")
         self.device = device
         self.ef_search = ef_search
+        self.ef_construction = ef_construction or 100
         self.nprobe = nprobe
         self.compact_fraction = compact_fraction
         self._gpu = device.startswith("cuda")
@@ -133,6 +137,8 @@ class FaissBackend:
         while isinstance(inner, faiss.IndexPreTransform):
             inner = faiss.downcast_index(inner.index)
         self._hnsw = isinstance(inner, faiss.IndexHNSW)
+        if self._hnsw:
+            inner.hnsw.efConstruction = self.ef_construction
         self.exact = isinstance(inner, faiss.IndexFlat)
         if self._ivf is not None:
             self._removal = "native"
@@ -398,6 +404,7 @@ class FaissBackend:
         factory: str,
         device: str,
         ef_search: int | None,
+        ef_construction: int | None,
         nprobe: int | None,
         compact_fraction: float,
         tombstones: int,
@@ -413,6 +420,7 @@ class FaissBackend:
             factory,
             device=device,
             ef_search=ef_search,
+            ef_construction=ef_construction,
             nprobe=nprobe,
             compact_fraction=compact_fraction,
             index=index,

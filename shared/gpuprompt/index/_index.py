@@ -141,6 +141,7 @@ class VectorIndex:
         index_factory: a faiss ``index_factory`` string (``"Flat"``, ``"HNSW32"``,
             ``"IVF1024,Flat"``, ...); implies faiss.
         ef_search: HNSW ``efSearch`` (default 64; always at least k).
+        ef_construction: HNSW ``efConstruction`` when building (default 100).
         nprobe: IVF lists probed per query (default ``max(8, nlist // 128)``).
         dtype: the torch backend's storage dtype; None = fp16 on CUDA, fp32 elsewhere.
         ann_threshold: the record count above which ``"auto"`` on a CPU switches to HNSW.
@@ -159,6 +160,7 @@ class VectorIndex:
         device: str = "auto",
         index_factory: str | None = None,
         ef_search: int | None = None,
+        ef_construction: int | None = None,
         nprobe: int | None = None,
         dtype: str | None = None,
         ann_threshold: int = ANN_THRESHOLD,
@@ -183,7 +185,7 @@ class VectorIndex:
             )
         if index_factory is not None and backend == "torch":
             raise ConfigurationError("'index_factory' is a faiss option; use backend='faiss' or 'auto' with it.")
-        for name, value in (("ef_search", ef_search), ("nprobe", nprobe)):
+        for name, value in (("ef_search", ef_search), ("ef_construction", ef_construction), ("nprobe", nprobe)):
             if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
                 raise ConfigurationError(f"'{name}' must be None or an int >= 1 (got {describe(value)}).")
         if dtype not in (None, "float16", "bfloat16", "float32"):
@@ -202,6 +204,7 @@ class VectorIndex:
         self._device_request = device
         self._factory = index_factory.strip() if index_factory else None
         self._ef_search = ef_search
+        self._ef_construction = ef_construction
         self._nprobe = nprobe
         self._dtype = dtype
         self._ann_threshold = ann_threshold
@@ -308,6 +311,7 @@ class VectorIndex:
                 factory=factory,
                 device=device,
                 ef_search=self._ef_search,
+                ef_construction=self._ef_construction,
                 nprobe=self._nprobe,
                 compact_fraction=self._compact_fraction,
                 tombstones=tombstones,
@@ -318,6 +322,7 @@ class VectorIndex:
             factory,
             device=device,
             ef_search=self._ef_search,
+            ef_construction=self._ef_construction,
             nprobe=self._nprobe,
             compact_fraction=self._compact_fraction,
         )
@@ -982,6 +987,7 @@ class VectorIndex:
                     "backend": self._backend_request,
                     "index_factory": self._factory,
                     "ef_search": self._ef_search,
+                    "ef_construction": self._ef_construction,
                     "nprobe": self._nprobe,
                     "dtype": self._dtype,
                     "ann_threshold": self._ann_threshold,
