@@ -1,4 +1,4 @@
-"""``gpuprompt serve``: an OpenAI-compatible HTTP API over the batched core (the ``server`` extra).
+r"""``gpuprompt serve``: an OpenAI-compatible HTTP API over the batched core (the ``server`` extra).
 
 Routes: ``GET /v1/models``, ``POST /v1/embeddings``, ``POST /v1/chat/completions`` (SSE
 streaming), collections (``/v1/collections/{name}/documents | query | chat``), ``GET /health``,
