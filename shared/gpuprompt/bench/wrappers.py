@@ -298,12 +298,10 @@ def lc_retriever(ctx: BenchContext) -> ScenarioResult:
         goal_met=metrics["throughput_ratio"] >= 4.0,
         chart=Chart(
             kind="bar",
-            title=f"LangChain retriever, {_LC_CALLERS} concurrent callers ({products} products, k={k})",
+            title=f"LangChain retriever.invoke, {_LC_CALLERS} threads ({products} products, k={k})",
             ylabel="queries / s",
-            labels=["stock HF + FAISS (threads)", "gpuprompt (threads)", "stock (async)", "gpuprompt (async)",
-                    "ceiling (one batch)"],
-            values=[metrics["stock_qps"], metrics["ours_qps"], metrics["stock_async_qps"], metrics["ours_async_qps"],
-                    metrics["ceiling_qps"]],
+            labels=["stock HF + FAISS", "gpuprompt", "ceiling (one batch)"],
+            values=[metrics["stock_qps"], metrics["ours_qps"], metrics["ceiling_qps"]],
         ),
         notes=(
             f"{products} products, k={k}, {per_run} distinct questions per run ({per_run // 2} for the async "
