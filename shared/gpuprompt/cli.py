@@ -79,7 +79,22 @@ def _serve(args: argparse.Namespace) -> int:
     except ImportError as exc:
         print(f"the server needs the 'server' extra: pip install 'gpuprompt[server]' ({exc})", file=sys.stderr)
         return 2
-    return serve(host=args.host, port=args.port, api_key=args.api_key)
+    # Options left unset keep serve()'s own defaults (one place for them).
+    options = {
+        "llm_backend": args.llm_backend,
+        "embedding_model": args.embedding_model,
+        "chat_model": args.chat_model,
+        "device": args.device,
+        "max_body_bytes": args.max_body_bytes,
+        "max_in_flight": args.max_in_flight,
+        "default_max_tokens": args.default_max_tokens,
+        "graceful_timeout_s": args.graceful_timeout,
+        "log_level": args.log_level,
+    }
+    options = {name: value for name, value in options.items() if value is not None}
+    if args.any_model_name:
+        options["strict_model_names"] = False
+    return serve(host=args.host, port=args.port, api_key=args.api_key, **options)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -103,7 +118,18 @@ def build_parser() -> argparse.ArgumentParser:
     serve = sub.add_parser("serve", help="OpenAI-compatible HTTP server over the batched core")
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8000)
-    serve.add_argument("--api-key", default=os.environ.get("GPUPROMPT_API_KEY"))
+    serve.add_argument("--api-key", default=os.environ.get("GPUPROMPT_API_KEY"),
+                       help="require 'Authorization: Bearer KEY' (default: $GPUPROMPT_API_KEY, else no key)")
+    serve.add_argument("--llm-backend", choices=["auto", "vllm", "transformers"], help="default: auto")
+    serve.add_argument("--embedding-model", help="local folder or hub id (default: bundled)")
+    serve.add_argument("--chat-model", help="local folder, .gguf file or hub id (default: bundled)")
+    serve.add_argument("--device", help="auto (default), cpu, cuda, cuda:N or mps")
+    serve.add_argument("--max-body-bytes", type=int, help="larger bodies get 413 (default 16 MiB)")
+    serve.add_argument("--max-in-flight", type=int, help="more concurrent model requests get 429 (default 1024)")
+    serve.add_argument("--default-max-tokens", type=int, help="when a request names none (default 512)")
+    serve.add_argument("--any-model-name", action="store_true", help="accept any 'model' name (no 404)")
+    serve.add_argument("--graceful-timeout", type=float, help="seconds to drain on SIGTERM (default 60)")
+    serve.add_argument("--log-level", help="uvicorn log level (default info)")
     serve.set_defaults(func=_serve)
     return parser
 

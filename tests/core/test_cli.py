@@ -1,0 +1,60 @@
+"""The ``gpuprompt`` command and the bench report writer."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from gpuprompt.bench import BenchContext, Chart, ScenarioResult, run_scenario, scenario, scenarios, write_summary
+from gpuprompt.cli import main
+from gpuprompt.errors import ConfigurationError
+
+EXPECTED_SCENARIOS = {
+    "embed-concurrency", "context-turns", "search-concurrency", "search-ann", "llm-concurrency",
+    "llm-prefix-cache", "lc-retriever", "li-query", "rag-e2e", "gpu-smoke",
+}
+
+
+def test_every_scenario_is_registered() -> None:
+    assert EXPECTED_SCENARIOS <= set(scenarios())
+
+
+def test_bench_list_and_unknown(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["bench", "list"]) == 0
+    listed = capsys.readouterr().out
+    assert all(name in listed for name in EXPECTED_SCENARIOS)
+    assert main(["bench", "no-such-scenario"]) == 2
+    assert "unknown scenario 'no-such-scenario'" in capsys.readouterr().err
+
+
+@scenario("test-arith", "a tiny scenario used by the report-writer test")
+def _arith(ctx: BenchContext) -> ScenarioResult:
+    values = iter([3.0, 1.0, 2.0])
+    metrics, runs = ctx.repeat(lambda: {"x": next(values)})
+    return ScenarioResult(metrics=metrics, runs=runs, goal="x >= 2", goal_met=metrics["x"] >= 2, ratio=metrics["x"],
+                          ratio_label="x", chart=Chart(kind="bar", title="t", ylabel="y", labels=["a"], values=[1.0]))
+
+
+def test_reports_take_medians_and_write_json_png_summary(tmp_path: Path) -> None:
+    ctx = BenchContext(runs=3, out_dir=tmp_path)
+    result = run_scenario("test-arith", ctx)
+    assert result.metrics == {"x": 2.0} and result.runs == {"x": [3.0, 1.0, 2.0]}
+    report = json.loads((tmp_path / "test-arith.json").read_text())
+    assert report["metrics"]["x"] == 2.0 and report["goal_met"] is True
+    assert report["environment"]["torch"]
+    assert (tmp_path / "test-arith.png").stat().st_size > 1000
+    summary = write_summary({"test-arith": result}, ctx).read_text()
+    assert "| test-arith | x | 2.00x | x >= 2 | yes |" in summary
+    assert (tmp_path / "summary.png").is_file()
+    with pytest.raises(ConfigurationError, match="unknown bench scenario"):
+        run_scenario("nope", ctx)
+
+
+def test_console_script_help() -> None:
+    out = subprocess.run([sys.executable, "-m", "gpuprompt.cli", "serve", "--help"], capture_output=True,
+                         text=True, check=True).stdout
+    assert "--llm-backend" in out and "--api-key" in out
