@@ -13,12 +13,17 @@ from typing import TYPE_CHECKING, Any
 from langchain_core.embeddings import Embeddings
 from pydantic import BaseModel, ConfigDict, PrivateAttr
 
+from gpuprompt.embedder import EmbedderConfig
 from gpuprompt.errors import InputTypeError, describe
 
 if TYPE_CHECKING:
     import torch
 
-    from gpuprompt.embedder import Embedder, EmbedderConfig
+    from gpuprompt.embedder import Embedder
+
+# Defaults come from the core config: the same settings must reach the same shared Embedder
+# (and batch queue) whether it is asked for from LangChain, LlamaIndex or the core.
+_CORE = EmbedderConfig()
 
 __all__ = ["GPUPromptEmbeddings"]
 
@@ -61,23 +66,23 @@ class GPUPromptEmbeddings(BaseModel, Embeddings):
 
     model: str | None = None
     """Local sentence-transformers folder or hub id; None for the bundled all-MiniLM-L6-v2."""
-    device: str = "auto"
+    device: str = _CORE.device
     """Torch device: 'auto' (cuda > mps > cpu), 'cpu', 'cuda', 'cuda:N' or 'mps'."""
-    normalize: bool = True
+    normalize: bool = _CORE.normalize
     """L2-normalise the embeddings (inner product then equals cosine similarity)."""
-    dtype: str | None = None
+    dtype: str | None = _CORE.dtype
     """Compute dtype ('float16', 'bfloat16', 'float32'); None = fp16 on CUDA, fp32 elsewhere."""
-    batch_size: int = 64
+    batch_size: int = _CORE.batch_size
     """Most texts per forward pass."""
-    max_batch_tokens: int = 16_384
+    max_batch_tokens: int = _CORE.max_batch_tokens
     """Most (non-padded) tokens per forward pass."""
-    max_wait_ms: float = 2.0
+    max_wait_ms: float = _CORE.max_wait_ms
     """Longest a queued text waits for its batch to fill while the model is busy."""
-    max_queue: int = 100_000
+    max_queue: int = _CORE.max_queue
     """Most texts waiting in the batch queue; more raises QueueFullError."""
-    cache_size: int = 50_000
+    cache_size: int = _CORE.cache_size
     """Embeddings kept in the device cache (LRU); 0 disables the cache."""
-    show_progress: bool = False
+    show_progress: bool = _CORE.show_progress
     """Show a progress bar for bulk calls."""
 
     model_config = ConfigDict(extra="forbid", protected_namespaces=())
@@ -91,8 +96,6 @@ class GPUPromptEmbeddings(BaseModel, Embeddings):
         self._config()
 
     def _config(self) -> EmbedderConfig:
-        from gpuprompt.embedder import EmbedderConfig
-
         return EmbedderConfig(
             model=self.model,
             device=self.device,
