@@ -8,6 +8,7 @@ caller gets the result as soon as its row stops, not when the whole batch ends.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import threading
@@ -141,6 +142,7 @@ class TransformersBackend(Backend):
         self._jobs_lock = threading.Lock()
         self._closed = False
         self._dead: BaseException | None = None
+        self._pending: dict[asyncio.AbstractEventLoop, list[Job]] = {}
 
     # ------------------------------------------------------------------ start
     def start(self) -> None:
@@ -201,6 +203,39 @@ class TransformersBackend(Backend):
         self.submit_many([job])
 
     def submit_many(self, jobs: Sequence[Job]) -> None:
+        self._check_open()
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            loop = None
+        if loop is None:
+            self._enqueue(jobs)
+            return
+        # On an event loop, tasks started together (asyncio.gather, a burst of requests) submit
+        # one after another within one loop iteration, while the idle batcher would dispatch the
+        # first alone at once. Collect this iteration's jobs and hand them over together: they
+        # form one padded batch, at no added latency.
+        pending = self._pending.get(loop)
+        if pending is None:
+            pending = self._pending[loop] = []
+            loop.call_soon(self._flush, loop)
+        pending.extend(jobs)
+
+    def _flush(self, loop: asyncio.AbstractEventLoop) -> None:
+        jobs = self._pending.pop(loop, [])
+        live = []
+        for job in jobs:
+            if job.cancelled.is_set():
+                job.finish("abort", 0)
+            else:
+                live.append(job)
+        try:
+            self._enqueue(live)
+        except GPUPromptError as exc:
+            for job in live:
+                job.fail(type(exc)(str(exc)))
+
+    def _enqueue(self, jobs: Sequence[Job]) -> None:
         batcher = self._check_open()
         by_priority: dict[int, list[Job]] = {}
         for job in jobs:

@@ -89,6 +89,8 @@ class VLLMBackend(Backend):
         }
         if cfg.max_num_seqs is not None:
             options["max_num_seqs"] = cfg.max_num_seqs
+        if cfg.block_size is not None:
+            options["block_size"] = cfg.block_size
         if cfg.max_num_batched_tokens is not None:
             options["max_num_batched_tokens"] = cfg.max_num_batched_tokens
         return AsyncEngineArgs(**options)
