@@ -51,11 +51,16 @@ class LLMEngine:
         >>> request = GenerationRequest(messages=[{"role": "user", "content": "Name a color."}],
         ...                             max_tokens=8)
         >>> [result] = engine.generate([request])
-        >>> result.finish_reason, result.usage.completion_tokens
-        ('stop', 3)
+        >>> result.text, result.finish_reason, result.usage.completion_tokens
+        ("The color I'm referring to is a", 'length', 8)
         >>> for delta in engine.stream(request):                # or: async for ... in astream()
-        ...     print(delta.text, end="")
+        ...     print(delta.text, end="|")
+        The| color| I|'m| referring| to| is| a||
         >>> engine.close()
+
+    Share one engine per configuration with ``get_runtime().llm(backend="vllm")``; on vLLM, the
+    script that starts it must be a file guarded by ``if __name__ == "__main__":`` (vLLM spawns
+    its engine core).
 
     Args:
         model: a local folder, a ``.gguf`` file, a hub id, or None for the bundled
