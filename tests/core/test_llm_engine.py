@@ -88,6 +88,23 @@ def test_concurrent_async_and_threaded_callers_get_their_own_answers(engine: LLM
     assert threaded == reference
 
 
+def test_sync_calls_work_on_a_thread_that_runs_an_event_loop(engine: LLMEngine) -> None:
+    # As in a notebook: blocking calls made from code that runs inside a live event loop.
+    reference = one_at_a_time(engine)[1]
+    outcome: list[object] = []
+
+    async def inside_a_loop() -> None:
+        [result] = engine.generate([chat(QUESTIONS[1], max_tokens=12)])
+        streamed = "".join(d.text for d in engine.stream(chat(QUESTIONS[1], max_tokens=12)))
+        outcome.extend([result.text, streamed])
+
+    worker = threading.Thread(target=lambda: asyncio.run(inside_a_loop()), daemon=True)
+    worker.start()
+    worker.join(HANG_GUARD_S)
+    assert not worker.is_alive(), "a sync call made on an event-loop thread hung"
+    assert outcome == [reference.text, reference.text]
+
+
 def test_streaming_concatenation_equals_generate(engine: LLMEngine) -> None:
     request = chat(QUESTIONS[2], max_tokens=12)
     result = one_at_a_time(engine)[2]

@@ -53,8 +53,16 @@ class Backend(ABC):
             QueueFullError: too many requests are waiting.
         """
 
-    def submit_many(self, jobs: Sequence[Job]) -> None:
-        """Queue several jobs together (a backend that batches may form one batch of them)."""
+    def submit_many(self, jobs: Sequence[Job], *, coalesce: bool = False) -> None:
+        """Queue several jobs together (a backend that batches may form one batch of them).
+
+        Args:
+            jobs: the jobs.
+            coalesce: the caller is a coroutine on a running event loop and will await its jobs:
+                the backend may hold them until the end of the loop's current iteration to batch
+                them with the other requests submitted in it. Never set by sync callers, whose
+                thread blocks (it may be a loop thread) until their jobs end.
+        """
         for job in jobs:
             self.submit(job)
 

@@ -263,13 +263,13 @@ class LLMEngine:
     def _new_job(self, prepared: Prepared) -> Job:
         return Job(prepared, self._model_name, self._on_end)
 
-    def _submit(self, jobs: list[Job]) -> None:
+    def _submit(self, jobs: list[Job], *, from_coroutine: bool = False) -> None:
         backend = self._backend_or_raise()
         with self._stats_lock:
             self._requests += len(jobs)
             self._in_flight += len(jobs)
         try:
-            backend.submit_many(jobs)
+            backend.submit_many(jobs, coalesce=from_coroutine)
         except BaseException:
             # Rejected before any ran: undo the counts for jobs the backend never took.
             for job in jobs:
@@ -366,7 +366,7 @@ class LLMEngine:
         """
         prepared = await self._aprepare(request)
         job = self._new_job(prepared)
-        self._submit([job])
+        self._submit([job], from_coroutine=True)
         try:
             return await self._acollect(job)
         finally:
@@ -384,7 +384,7 @@ class LLMEngine:
         """
         prepared = await self._aprepare(request)
         job = self._new_job(prepared)
-        self._submit([job])
+        self._submit([job], from_coroutine=True)
         try:
             while True:
                 event = await job.anext_event()

@@ -202,19 +202,21 @@ class TransformersBackend(Backend):
     def submit(self, job: Job) -> None:
         self.submit_many([job])
 
-    def submit_many(self, jobs: Sequence[Job]) -> None:
+    def submit_many(self, jobs: Sequence[Job], *, coalesce: bool = False) -> None:
         self._check_open()
-        try:
-            loop = asyncio.get_running_loop()
-        except RuntimeError:
-            loop = None
+        loop = None
+        if coalesce:
+            try:
+                loop = asyncio.get_running_loop()
+            except RuntimeError:
+                pass
         if loop is None:
             self._enqueue(jobs)
             return
-        # On an event loop, tasks started together (asyncio.gather, a burst of requests) submit
-        # one after another within one loop iteration, while the idle batcher would dispatch the
-        # first alone at once. Collect this iteration's jobs and hand them over together: they
-        # form one padded batch, at no added latency.
+        # Coroutines started together (asyncio.gather, a burst of requests) submit one after
+        # another within one loop iteration, while the idle batcher would dispatch the first
+        # alone at once. Collect this iteration's jobs and hand them over together: they form one
+        # padded batch, at no added latency.
         pending = self._pending.get(loop)
         if pending is None:
             pending = self._pending[loop] = []
