@@ -14,7 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from gpuprompt.errors import ClosedError, ConfigurationError, ContextLengthError, InputTypeError
+from gpuprompt.errors import ClosedError, ConfigurationError, ContextLengthError, EngineError, InputTypeError
 from gpuprompt.llm import GenerationRequest, LLMEngine, StreamDelta
 
 QUESTIONS = [
@@ -324,6 +324,29 @@ def test_bad_arguments_are_typed_errors(engine: LLMEngine) -> None:
         engine.count_tokens(42)  # type: ignore[arg-type]
     assert engine.generate([]) == []
     assert engine.stats().requests == before
+
+
+def test_a_failing_batch_fails_its_requests_and_the_next_ones_run(
+    tf_engine: LLMEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    model = tf_engine._backend._model
+    real = model.generate
+    calls = {"n": 0}
+
+    def broken_once(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise RuntimeError("injected fault")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(model, "generate", broken_once)
+    before = tf_engine.stats()
+    with pytest.raises(EngineError, match="injected fault"):
+        tf_engine.generate([chat(QUESTIONS[0], max_tokens=8), chat(QUESTIONS[1], max_tokens=8)])
+    after = tf_engine.stats()
+    assert after.failed == before.failed + 2 and after.in_flight == 0
+    [result] = tf_engine.generate([chat(QUESTIONS[1], max_tokens=8)])
+    assert result.text and result.finish_reason in ("stop", "length")
 
 
 def test_auto_falls_back_to_transformers_and_close_fails_pending_work(
