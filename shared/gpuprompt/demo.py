@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import random
-import statistics
 import textwrap
 import time
 from collections.abc import Sequence

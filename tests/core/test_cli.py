@@ -58,3 +58,33 @@ def test_console_script_help() -> None:
     out = subprocess.run([sys.executable, "-m", "gpuprompt.cli", "serve", "--help"], capture_output=True,
                          text=True, check=True).stdout
     assert "--llm-backend" in out and "--api-key" in out
+
+
+def test_load_helpers_keep_order_and_bound_concurrency() -> None:
+    import asyncio
+    import threading
+
+    from gpuprompt.bench._load import task_load, thread_load
+
+    active, peak = 0, 0
+    lock = threading.Lock()
+
+    def call(x: int) -> int:
+        nonlocal active, peak
+        with lock:
+            active += 1
+            peak = max(peak, active)
+        threading.Event().wait(0.01)
+        with lock:
+            active -= 1
+        return x * 2
+
+    load = thread_load(call, list(range(12)), 3)
+    assert load.results == [x * 2 for x in range(12)] and peak <= 3
+    assert load.per_s > 0 and 0 < load.p50_s <= load.p95_s
+
+    async def acall(x: int) -> int:
+        await asyncio.sleep(0.01)
+        return x + 1
+
+    assert task_load(acall, list(range(6)), 2).results == [1, 2, 3, 4, 5, 6]

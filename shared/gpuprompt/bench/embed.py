@@ -4,11 +4,10 @@
 from __future__ import annotations
 
 import statistics
-import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 
+from gpuprompt.bench._load import thread_load
 from gpuprompt.bench._registry import BenchContext, Chart, ScenarioResult, scenario
 
 __all__: list[str] = []
@@ -41,26 +40,8 @@ def _stock_embeddings():  # langchain-huggingface, the stock class we compare ag
 
 def _concurrent(call: Callable[[str], object], texts: list[str], threads: int) -> dict[str, float]:
     """Run ``call`` once per text from ``threads`` threads; return throughput and latency p50/p95."""
-    latencies: list[float] = []
-    lock = threading.Lock()
-
-    def one(text: str) -> None:
-        started = time.perf_counter()
-        call(text)
-        elapsed = time.perf_counter() - started
-        with lock:
-            latencies.append(elapsed)
-
-    started = time.perf_counter()
-    with ThreadPoolExecutor(threads) as pool:
-        list(pool.map(one, texts))
-    wall = time.perf_counter() - started
-    latencies.sort()
-    return {
-        "qps": len(texts) / wall,
-        "p50_ms": statistics.median(latencies) * 1000,
-        "p95_ms": latencies[int(0.95 * (len(latencies) - 1))] * 1000,
-    }
+    load = thread_load(call, texts, threads)
+    return {"qps": load.per_s, "p50_ms": load.p50_s * 1000, "p95_ms": load.p95_s * 1000}
 
 
 def _lone(call: Callable[[str], object], texts: list[str]) -> float:

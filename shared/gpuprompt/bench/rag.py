@@ -3,11 +3,9 @@ LangChain classes and from gpuprompt's, serving the same concurrent users on the
 
 from __future__ import annotations
 
-import threading
-import time
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from gpuprompt.bench._load import thread_load
 from gpuprompt.bench._registry import BenchContext, Chart, ScenarioResult, scenario
 
 __all__: list[str] = []
@@ -68,25 +66,8 @@ def _our_chain(texts: list[str], metadatas: list[dict], max_tokens: int) -> Any:
 def _users(chain: Any, questions: list[str]) -> dict[str, float]:
     """One thread per user, each calling ``chain.invoke`` (the stock ChatHuggingFace over a local
     pipeline has no async path, so both stacks are driven the same, synchronous way)."""
-    latencies: list[float] = []
-    lock = threading.Lock()
-
-    def user(question: str) -> None:
-        started = time.perf_counter()
-        chain.invoke(question)
-        with lock:
-            latencies.append(time.perf_counter() - started)
-
-    started = time.perf_counter()
-    with ThreadPoolExecutor(len(questions)) as pool:
-        list(pool.map(user, questions))
-    wall = time.perf_counter() - started
-    latencies.sort()
-    return {
-        "answers_per_s": len(questions) / wall,
-        "p50_s": latencies[len(latencies) // 2],
-        "p95_s": latencies[min(len(latencies) - 1, int(round(0.95 * (len(latencies) - 1))))],
-    }
+    load = thread_load(chain.invoke, questions, len(questions))
+    return {"answers_per_s": load.per_s, "p50_s": load.p50_s, "p95_s": load.p95_s}
 
 
 @scenario(

@@ -3,14 +3,13 @@ recall target (``search-ann``), each against LangChain community ``FAISS`` in th
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
 
+from gpuprompt.bench._load import thread_load
 from gpuprompt.bench._registry import BenchContext, Chart, ScenarioResult, scenario
 
 __all__ = ["clustered_vectors"]
@@ -77,23 +76,8 @@ def _stock_faiss(vectors: np.ndarray, ids: list[str]) -> Any:
 
 def _threads(call: Callable[[np.ndarray], Any], queries: np.ndarray, threads: int) -> tuple[float, list[Any]]:
     """Each of ``threads`` threads searches one query per call; returns (queries/s, results in order)."""
-    results: list[Any] = [None] * len(queries)
-    cursor = iter(range(len(queries)))
-    lock = threading.Lock()
-
-    def worker() -> None:
-        while True:
-            with lock:
-                i = next(cursor, None)
-            if i is None:
-                return
-            results[i] = call(queries[i])
-
-    started = time.perf_counter()
-    with ThreadPoolExecutor(threads) as pool:
-        for future in [pool.submit(worker) for _ in range(threads)]:
-            future.result()
-    return len(queries) / (time.perf_counter() - started), results
+    load = thread_load(call, list(queries), threads)
+    return load.per_s, load.results
 
 
 def _stock_ids(store: Any, query: np.ndarray, k: int) -> list[str]:

@@ -3,11 +3,11 @@ models, same run (``li-query``: a LlamaIndex query engine under 16 concurrent ``
 
 from __future__ import annotations
 
-import asyncio
 import statistics
 import time
 from typing import Any
 
+from gpuprompt.bench._load import task_load, thread_load
 from gpuprompt.bench._registry import BenchContext, Chart, ScenarioResult, scenario
 
 __all__: list[str] = []
@@ -61,24 +61,14 @@ def _li_engine(documents: list[Any], embed: Any, store: Any, llm: Any, top_k: in
 def _li_burst(engine: Any, questions: list[str]) -> dict[str, float]:
     """All questions as concurrent ``aquery`` calls on one event loop: answers/s and latencies."""
 
-    async def one(question: str) -> float:
-        started = time.perf_counter()
+    async def one(question: str) -> Any:
         response = await engine.aquery(question)
         if not str(response).strip() and not response.source_nodes:
             raise RuntimeError(f"empty response for {question!r}")
-        return time.perf_counter() - started
+        return response
 
-    async def burst() -> list[float]:
-        return list(await asyncio.gather(*(one(q) for q in questions)))
-
-    started = time.perf_counter()
-    latencies = sorted(asyncio.run(burst()))
-    wall = time.perf_counter() - started
-    return {
-        "answers_per_s": len(questions) / wall,
-        "p50_s": statistics.median(latencies),
-        "p95_s": latencies[int(0.95 * (len(latencies) - 1))],
-    }
+    load = task_load(one, questions)
+    return {"answers_per_s": load.per_s, "p50_s": load.p50_s, "p95_s": load.p95_s}
 
 
 @scenario(
@@ -186,43 +176,13 @@ def _lc_our_retriever(documents: list[Any], k: int) -> tuple[Any, Any]:
 
 def _lc_threads(retriever: Any, questions: list[str], callers: int) -> tuple[dict[str, float], list[list[str]]]:
     """``callers`` threads, each calling ``retriever.invoke`` with one question at a time."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    def one(question: str) -> tuple[float, list[str]]:
-        started = time.perf_counter()
-        docs = retriever.invoke(question)
-        return time.perf_counter() - started, [doc.id for doc in docs]
-
-    started = time.perf_counter()
-    with ThreadPoolExecutor(callers) as pool:
-        done = list(pool.map(one, questions))
-    wall = time.perf_counter() - started
-    latencies = sorted(seconds for seconds, _ in done)
-    return (
-        {
-            "qps": len(questions) / wall,
-            "p50_ms": statistics.median(latencies) * 1000,
-            "p95_ms": latencies[int(0.95 * (len(latencies) - 1))] * 1000,
-        },
-        [ids for _, ids in done],
-    )
+    load = thread_load(lambda question: [doc.id for doc in retriever.invoke(question)], questions, callers)
+    return {"qps": load.per_s, "p50_ms": load.p50_s * 1000, "p95_ms": load.p95_s * 1000}, load.results
 
 
 def _lc_tasks(retriever: Any, questions: list[str], callers: int) -> float:
     """``callers`` asyncio tasks at a time calling ``retriever.ainvoke``; returns queries/s."""
-
-    async def burst() -> None:
-        gate = asyncio.Semaphore(callers)
-
-        async def one(question: str) -> None:
-            async with gate:
-                await retriever.ainvoke(question)
-
-        await asyncio.gather(*(one(q) for q in questions))
-
-    started = time.perf_counter()
-    asyncio.run(burst())
-    return len(questions) / (time.perf_counter() - started)
+    return task_load(retriever.ainvoke, questions, callers).per_s
 
 
 @scenario(

@@ -1,0 +1,74 @@
+"""The one way scenarios drive concurrent callers: threads or asyncio tasks, one call per input,
+returning throughput, latency percentiles and the results in input order."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+__all__ = ["Load", "task_load", "thread_load"]
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Load:
+    """What one burst of concurrent calls measured.
+
+    Attributes:
+        per_s: calls completed per second of wall time.
+        p50_s: median latency of one call, in seconds.
+        p95_s: 95th-percentile latency, in seconds.
+        results: each call's return value, in input order.
+    """
+
+    per_s: float
+    p50_s: float
+    p95_s: float
+    results: list[Any]
+
+
+def _load(latencies: list[float], results: list[Any], wall: float) -> Load:
+    ordered = sorted(latencies)
+    p50 = ordered[len(ordered) // 2] if len(ordered) % 2 else sum(ordered[len(ordered) // 2 - 1 : len(ordered) // 2 + 1]) / 2
+    p95 = ordered[min(len(ordered) - 1, int(round(0.95 * (len(ordered) - 1))))]
+    return Load(per_s=len(latencies) / wall, p50_s=p50, p95_s=p95, results=results)
+
+
+def thread_load(call: Callable[[T], Any], inputs: Sequence[T], threads: int) -> Load:
+    """``threads`` threads, each calling ``call`` on one input at a time until all are done."""
+
+    def one(item: T) -> tuple[float, Any]:
+        started = time.perf_counter()
+        result = call(item)
+        return time.perf_counter() - started, result
+
+    started = time.perf_counter()
+    with ThreadPoolExecutor(threads) as pool:
+        done = list(pool.map(one, inputs))
+    wall = time.perf_counter() - started
+    return _load([seconds for seconds, _ in done], [result for _, result in done], wall)
+
+
+def task_load(call: Callable[[T], Awaitable[Any]], inputs: Sequence[T], concurrency: int | None = None) -> Load:
+    """asyncio tasks on a fresh event loop, at most ``concurrency`` (default: all) in flight."""
+
+    async def burst() -> list[tuple[float, Any]]:
+        gate = asyncio.Semaphore(concurrency or max(1, len(inputs)))
+
+        async def one(item: T) -> tuple[float, Any]:
+            async with gate:
+                started = time.perf_counter()
+                result = await call(item)
+                return time.perf_counter() - started, result
+
+        return list(await asyncio.gather(*(one(item) for item in inputs)))
+
+    started = time.perf_counter()
+    done = asyncio.run(burst())
+    wall = time.perf_counter() - started
+    return _load([seconds for seconds, _ in done], [result for _, result in done], wall)
