@@ -56,12 +56,14 @@ def test_stream_chat_deltas_add_up_to_the_chat_reply(li_llm) -> None:
 
 
 async def test_async_variants_match_sync(li_llm) -> None:
-    expected = li_llm.chat(USER).message.content
-    assert (await li_llm.achat(USER)).message.content == expected
-    assert (await li_llm.acomplete("Name one colour of the rainbow.")).text == expected
-    chunks = [c async for c in await li_llm.astream_chat(USER)]
-    assert chunks[-1].message.content == expected
-    texts = [c async for c in await li_llm.astream_complete("Name one colour of the rainbow.")]
+    # A few greedy tokens: the same request gives the same text on every path.
+    expected = li_llm.chat(USER, max_tokens=4).message.content
+    assert expected
+    assert (await li_llm.achat(USER, max_tokens=4)).message.content == expected
+    assert (await li_llm.acomplete("Name one colour of the rainbow.", max_tokens=4)).text == expected
+    chunks = [c async for c in await li_llm.astream_chat(USER, max_tokens=4)]
+    assert chunks[-1].message.content == "".join(c.delta for c in chunks) == expected
+    texts = [c async for c in await li_llm.astream_complete("Name one colour of the rainbow.", max_tokens=4)]
     assert texts[-1].text == expected
 
 
