@@ -121,6 +121,14 @@ def test_streaming_concatenation_equals_generate(engine: LLMEngine) -> None:
     assert "".join(d.text for d in asyncio.run(collect())) == result.text
 
 
+def test_seeded_sampling_repeats_and_differs_from_greedy(engine: LLMEngine) -> None:
+    sampled = [chat(QUESTIONS[3], max_tokens=12, temperature=1.5, top_p=0.95, seed=s) for s in (7, 7, 8)]
+    first, again, other = (engine.generate([r])[0].text for r in sampled)
+    assert first == again  # same seed, same text
+    greedy = one_at_a_time(engine)[3].text
+    assert len({first, other, greedy}) > 1  # sampling really samples
+
+
 def test_stop_strings_cut_the_text(engine: LLMEngine) -> None:
     full = one_at_a_time(engine)[0]
     # Stop on a word from the middle of the unconstrained answer.

@@ -368,7 +368,7 @@ class TransformersBackend(Backend):
             return
         import torch
 
-        devices = [self.device] if self.device.startswith("cuda") else []
+        devices = [int(self.device.partition(":")[2] or 0)] if self.device.startswith("cuda") else []
         with torch.random.fork_rng(devices=devices):
             torch.manual_seed(seed)
             yield
