@@ -92,7 +92,7 @@ class ContextCache:
         max_turns_per_session: most turns kept per session; older ones are dropped.
         token_counter: counts a text's tokens for ``max_tokens`` budgets (default: the embedder's
             tokenizer; pass the LLM's ``count_tokens`` for exact prompt budgets).
-        clock: monotonic clock for TTLs (tests pass a fake-free controllable clock).
+        clock: the monotonic clock TTLs are measured with (tests pass one they control).
     """
 
     def __init__(

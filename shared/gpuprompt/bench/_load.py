@@ -10,7 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-__all__ = ["Load", "task_load", "thread_load"]
+__all__ = ["Load", "compare", "task_load", "thread_load"]
 
 T = TypeVar("T")
 
@@ -72,3 +72,19 @@ def task_load(call: Callable[[T], Awaitable[Any]], inputs: Sequence[T], concurre
     done = asyncio.run(burst())
     wall = time.perf_counter() - started
     return _load([seconds for seconds, _ in done], [result for _, result in done], wall)
+
+
+def compare(stock: Load, ours: Load, unit: str = "answers_per_s") -> dict[str, float]:
+    """The side-by-side figures of one run: both throughputs (named ``stock_<unit>`` /
+    ``ours_<unit>``), both latency p50/p95, ``throughput_ratio`` (ours / stock, higher is better)
+    and ``p95_ratio`` (ours / stock, lower is better)."""
+    return {
+        f"stock_{unit}": stock.per_s,
+        f"ours_{unit}": ours.per_s,
+        "throughput_ratio": ours.per_s / stock.per_s,
+        "stock_p50_s": stock.p50_s,
+        "ours_p50_s": ours.p50_s,
+        "stock_p95_s": stock.p95_s,
+        "ours_p95_s": ours.p95_s,
+        "p95_ratio": ours.p95_s / stock.p95_s,
+    }

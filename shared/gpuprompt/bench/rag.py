@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gpuprompt.bench._load import thread_load
+from gpuprompt.bench._load import Load, compare, thread_load
 from gpuprompt.bench._registry import BenchContext, Chart, ScenarioResult, scenario
 
 __all__: list[str] = []
@@ -63,11 +63,10 @@ def _our_chain(texts: list[str], metadatas: list[dict], max_tokens: int) -> Any:
     return _chain(store.as_retriever(search_kwargs={"k": 4}), llm)
 
 
-def _users(chain: Any, questions: list[str]) -> dict[str, float]:
+def _users(chain: Any, questions: list[str]) -> Load:
     """One thread per user, each calling ``chain.invoke`` (the stock ChatHuggingFace over a local
     pipeline has no async path, so both stacks are driven the same, synchronous way)."""
-    load = thread_load(chain.invoke, questions, len(questions))
-    return {"answers_per_s": load.per_s, "p50_s": load.p50_s, "p95_s": load.p95_s}
+    return thread_load(chain.invoke, questions, len(questions))
 
 
 @scenario(
@@ -92,18 +91,7 @@ def rag_e2e(ctx: BenchContext) -> ScenarioResult:
 
     def measure() -> dict[str, float]:
         questions = customer_questions(users, seed=1000 + next(run_id))
-        stock_fig = _users(stock, questions)
-        ours_fig = _users(ours, questions)
-        return {
-            "stock_answers_per_s": stock_fig["answers_per_s"],
-            "ours_answers_per_s": ours_fig["answers_per_s"],
-            "throughput_ratio": ours_fig["answers_per_s"] / stock_fig["answers_per_s"],
-            "stock_p50_s": stock_fig["p50_s"],
-            "ours_p50_s": ours_fig["p50_s"],
-            "stock_p95_s": stock_fig["p95_s"],
-            "ours_p95_s": ours_fig["p95_s"],
-            "p95_ratio": ours_fig["p95_s"] / stock_fig["p95_s"],
-        }
+        return compare(_users(stock, questions), _users(ours, questions))
 
     metrics, runs = ctx.repeat(measure)
     return ScenarioResult(

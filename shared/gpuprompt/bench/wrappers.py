@@ -7,7 +7,7 @@ import statistics
 import time
 from typing import Any
 
-from gpuprompt.bench._load import task_load, thread_load
+from gpuprompt.bench._load import Load, compare, task_load, thread_load
 from gpuprompt.bench._registry import BenchContext, Chart, ScenarioResult, scenario
 
 __all__: list[str] = []
@@ -58,7 +58,7 @@ def _li_engine(documents: list[Any], embed: Any, store: Any, llm: Any, top_k: in
     return index.as_query_engine(llm=llm, embed_model=embed, similarity_top_k=top_k)
 
 
-def _li_burst(engine: Any, questions: list[str]) -> dict[str, float]:
+def _li_burst(engine: Any, questions: list[str]) -> Load:
     """All questions as concurrent ``aquery`` calls on one event loop: answers/s and latencies."""
 
     async def one(question: str) -> Any:
@@ -67,8 +67,7 @@ def _li_burst(engine: Any, questions: list[str]) -> dict[str, float]:
             raise RuntimeError(f"empty response for {question!r}")
         return response
 
-    load = task_load(one, questions)
-    return {"answers_per_s": load.per_s, "p50_s": load.p50_s, "p95_s": load.p95_s}
+    return task_load(one, questions)
 
 
 @scenario(
@@ -105,18 +104,7 @@ def li_query(ctx: BenchContext) -> ScenarioResult:
     def measure() -> dict[str, float]:
         # New questions every run: neither stack may answer from a cache warmed by an earlier run.
         questions = customer_questions(_LI_CONCURRENCY, seed=1000 + next(run_id))
-        stock_fig = _li_burst(stock, questions)
-        ours_fig = _li_burst(ours, questions)
-        return {
-            "stock_answers_per_s": stock_fig["answers_per_s"],
-            "ours_answers_per_s": ours_fig["answers_per_s"],
-            "throughput_ratio": ours_fig["answers_per_s"] / stock_fig["answers_per_s"],
-            "stock_p50_s": stock_fig["p50_s"],
-            "ours_p50_s": ours_fig["p50_s"],
-            "stock_p95_s": stock_fig["p95_s"],
-            "ours_p95_s": ours_fig["p95_s"],
-            "p95_ratio": stock_fig["p95_s"] / ours_fig["p95_s"],
-        }
+        return compare(_li_burst(stock, questions), _li_burst(ours, questions))
 
     # Quick: at most two runs -- a stock burst alone takes ~30 s on two CPU cores.
     repeat_ctx = BenchContext(quick=True, runs=min(ctx.runs, 2), out_dir=ctx.out_dir) if ctx.quick else ctx
