@@ -146,7 +146,14 @@ def main(argv: list[str] | None = None) -> int:
 
         warnings.filterwarnings("ignore")
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    return int(args.func(args) or 0)
+    try:
+        return int(args.func(args) or 0)
+    finally:
+        # Close the shared models now, before interpreter exit: other libraries' exit hooks (vLLM's
+        # among them) would otherwise tear the engine down under it first.
+        from gpuprompt.runtime import _shutdown_default
+
+        _shutdown_default()
 
 
 if __name__ == "__main__":

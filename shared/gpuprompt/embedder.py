@@ -553,8 +553,10 @@ class Embedder:
             if progress and len(futures) > self.config.batch_size:
                 from tqdm.auto import tqdm
 
+                from concurrent.futures import as_completed
+
                 with tqdm(total=len(futures), desc="Embedding", unit="text") as bar:
-                    for future in futures:
+                    for future in as_completed(futures):
                         future.result()
                         bar.update(1)
             rows = [future.result() for future in futures]

@@ -278,6 +278,12 @@ class VLLMBackend(Backend):
                 owned = [job.backend_state for job in jobs if job.backend_state is not None]
                 if owned:
                     await asyncio.wait(owned, timeout=_CLOSE_TIMEOUT_S)
+                # vLLM stops the engine core before its output handler, which then logs the core's
+                # exit as a fatal error; stop the handler first so a clean close stays quiet.
+                handler = getattr(llm, "output_handler", None)
+                if handler is not None and not handler.done():
+                    handler.cancel()
+                    await asyncio.wait([handler], timeout=_CLOSE_TIMEOUT_S)
                 llm.shutdown()
 
             try:
