@@ -320,14 +320,7 @@ class GPUPromptLLM(LLM):
             with contextlib.closing(stream):
                 for delta in stream:
                     text += delta.text
-                    extra = _usage_dict(delta.usage)
-                    raw = {"finish_reason": delta.finish_reason, "usage": extra} if delta.finish_reason else None
-                    yield ChatResponse(
-                        message=ChatMessage(role=MessageRole.ASSISTANT, content=text),
-                        delta=delta.text,
-                        raw=raw,
-                        additional_kwargs=extra,
-                    )
+                    yield _chat_chunk(text, delta)
 
         return gen()
 
@@ -343,14 +336,7 @@ class GPUPromptLLM(LLM):
             async with contextlib.aclosing(engine.astream(request)) as stream:
                 async for delta in stream:
                     text += delta.text
-                    extra = _usage_dict(delta.usage)
-                    raw = {"finish_reason": delta.finish_reason, "usage": extra} if delta.finish_reason else None
-                    yield ChatResponse(
-                        message=ChatMessage(role=MessageRole.ASSISTANT, content=text),
-                        delta=delta.text,
-                        raw=raw,
-                        additional_kwargs=extra,
-                    )
+                    yield _chat_chunk(text, delta)
 
         return gen()
 
@@ -466,3 +452,15 @@ class GPUPromptLLM(LLM):
         result = self._parse(output_cls, response.message.content or "")
         dispatcher.event(LLMStructuredPredictEndEvent(output=result))
         return result
+
+
+def _chat_chunk(text: str, delta: Any) -> ChatResponse:
+    """One streamed ChatResponse: the text so far, this delta, and usage on the last one."""
+    extra = _usage_dict(delta.usage)
+    raw = {"finish_reason": delta.finish_reason, "usage": extra} if delta.finish_reason else None
+    return ChatResponse(
+        message=ChatMessage(role=MessageRole.ASSISTANT, content=text),
+        delta=delta.text,
+        raw=raw,
+        additional_kwargs=extra,
+    )
