@@ -46,6 +46,7 @@ class Chart:
         xlabel: x-axis label (line charts).
         series: name -> y values (line charts).
         baseline: a dashed reference line (bar charts), for example 1.0 for ratios.
+        log_scale: a logarithmic y axis (for values spanning orders of magnitude).
     """
 
     kind: str
@@ -56,6 +57,7 @@ class Chart:
     x: list[float] = field(default_factory=list)
     xlabel: str = ""
     series: dict[str, list[float]] = field(default_factory=dict)
+    log_scale: bool = False
     baseline: float | None = None
 
 
@@ -222,8 +224,11 @@ def write_summary(results: dict[str, ScenarioResult], ctx: BenchContext) -> Path
     ratios = {name: r.ratio for name, r in results.items() if r.ratio is not None}
     if ratios:
         try:
-            draw(Chart(kind="bar", title="gpuprompt vs stock (higher is better)", ylabel="ratio (x)",
-                       labels=list(ratios), values=list(ratios.values()), baseline=1.0),
+            values = list(ratios.values())
+            wide = min(values) > 0 and max(values) / min(values) > 30
+            draw(Chart(kind="bar", title="gpuprompt vs stock (higher is better)",
+                       ylabel="ratio (x, log scale)" if wide else "ratio (x)",
+                       labels=list(ratios), values=values, baseline=1.0, log_scale=wide),
                  ctx.out_dir / "summary.png")
         except ImportError:
             logger.warning("matplotlib is not installed: no summary.png")
@@ -253,6 +258,8 @@ def draw(chart: Chart, path: Path) -> None:
             ax.plot(chart.x, ys, marker="o", label=label)
         ax.set_xlabel(chart.xlabel)
         ax.legend()
+    if chart.log_scale:
+        ax.set_yscale("log")
     ax.set_title(chart.title)
     ax.set_ylabel(chart.ylabel)
     ax.grid(axis="y", alpha=0.3)
