@@ -83,6 +83,14 @@ def main() -> None:
     print("\ndresses under 100 EUR closest to 'a red dress for a summer wedding':")
     for doc in dresses.invoke("a red dress for a summer wedding"):
         print(f"  {doc.page_content}")
+    varied = vectorstore.as_retriever(search_type="mmr", search_kwargs={"k": 3, "fetch_k": 20})
+    print("\nthree varied answers to 'a warm wool sweater' (MMR):")
+    for doc in varied.invoke("a warm wool sweater"):
+        print(f"  {doc.page_content}")
+    close = vectorstore.as_retriever(
+        search_type="similarity_score_threshold", search_kwargs={"k": 3, "score_threshold": 0.5}
+    )
+    print(f"\nproducts with relevance >= 0.5 to 'linen shorts': {len(close.invoke('linen shorts'))}")
 
     # A multi-turn conversation with history.
     chat_prompt = ChatPromptTemplate.from_messages(

@@ -70,7 +70,8 @@ def _has_cuda() -> bool:
 def _demo(args: argparse.Namespace) -> int:
     from gpuprompt.demo import run_demo
 
-    return run_demo(products=args.products, customers=args.customers)
+    return run_demo(products=args.products, customers=args.customers, max_tokens=args.max_tokens,
+                    llm_backend=args.llm_backend)
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -97,6 +98,16 @@ def _serve(args: argparse.Namespace) -> int:
     return serve(host=args.host, port=args.port, api_key=args.api_key, **options)
 
 
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {value}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the ``gpuprompt`` command."""
     parser = argparse.ArgumentParser(prog="gpuprompt", description=__doc__)
@@ -104,8 +115,11 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     demo = sub.add_parser("demo", help="e-commerce support RAG demo on the bundled models")
-    demo.add_argument("--products", type=int, default=2000, help="catalogue size (default 2000)")
-    demo.add_argument("--customers", type=int, default=32, help="concurrent customers in the burst (default 32)")
+    demo.add_argument("--products", type=_positive_int, default=2000, help="catalogue size (default 2000)")
+    demo.add_argument("--customers", type=_positive_int, default=32, help="concurrent customers in the burst (default 32)")
+    demo.add_argument("--max-tokens", type=_positive_int, default=48, help="new tokens per answer (default 48)")
+    demo.add_argument("--llm-backend", choices=["auto", "vllm", "transformers"], default="auto",
+                      help="LLM engine backend (default auto: vLLM when it starts, else transformers)")
     demo.set_defaults(func=_demo)
 
     bench = sub.add_parser("bench", help="measure a scenario against the stock classes (JSON + PNG)")
@@ -118,7 +132,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve = sub.add_parser("serve", help="OpenAI-compatible HTTP server over the batched core")
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8000)
-    serve.add_argument("--api-key", default=os.environ.get("GPUPROMPT_API_KEY"),
+    serve.add_argument("--api-key", default=os.environ.get("GPUPROMPT_API_KEY") or None,
                        help="require 'Authorization: Bearer KEY' (default: $GPUPROMPT_API_KEY, else no key)")
     serve.add_argument("--llm-backend", choices=["auto", "vllm", "transformers"], help="default: auto")
     serve.add_argument("--embedding-model", help="local folder or hub id (default: bundled)")

@@ -104,3 +104,15 @@ def test_faiss_gpu_flat_when_available() -> None:
     index.delete(ids[:100])  # GPU indexes keep tombstones
     hits = index.search(vectors[:200], k=5, filter={"g": 2})
     assert all(len(row) == 5 and all(h.metadata["g"] == 2 and h.metadata["i"] >= 100 for h in row) for row in hits)
+
+
+def test_auto_with_an_index_factory_is_faiss_on_a_cuda_machine() -> None:
+    from gpuprompt.index._faiss import faiss_gpu_available
+
+    ids, vectors, _ = _data(5000)
+    index = VectorIndex(DIM, index_factory="IVF64,Flat")  # device auto resolves to CUDA here
+    index.add(ids, vectors)
+    name = index.backend_name
+    assert name is not None and name.startswith("faiss:")
+    assert name.endswith(":gpu" if faiss_gpu_available() else ":cpu")
+    assert [h.id for h in index.search(vectors[:3], k=1)[0]] == [ids[0]]

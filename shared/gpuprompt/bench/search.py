@@ -283,6 +283,7 @@ def search_ann(ctx: BenchContext) -> ScenarioResult:
             if config_best > best_qps:
                 best_qps, best_name = config_best, name
         metrics["best_ann_qps"] = best_qps
+        metrics["ratio_vs_exact"] = best_qps / exact_qps
         if metrics.get("stock_faiss_qps"):
             metrics["ratio_vs_stock"] = best_qps / metrics["stock_faiss_qps"]
     cpu_met = has_faiss and best_qps >= 2000.0
@@ -292,8 +293,8 @@ def search_ann(ctx: BenchContext) -> ScenarioResult:
         runs=runs,
         goal=">= 2,000 queries/s at recall@10 >= 0.95 (CPU ANN); on CUDA the torch backend's exact throughput",
         goal_met=bool(cpu_met or gpu_met),
-        ratio=metrics.get("ratio_vs_stock"),
-        ratio_label="ANN queries/s at recall@10 >= 0.95 vs stock exact FAISS (32 threads)",
+        ratio=metrics.get("ratio_vs_exact"),
+        ratio_label="ANN queries/s at recall@10 >= 0.95 vs exact torch search (batched)",
         chart=Chart(
             kind="bar",
             title=f"{n:,} x {DIM} clustered vectors, k={K}",
@@ -303,7 +304,8 @@ def search_ann(ctx: BenchContext) -> ScenarioResult:
         ),
         notes=(
             f"Best CPU ANN: {best_name or 'n/a'}. Queries are searched in batches of 100 (as coalesced concurrent "
-            "calls are); recall@10 is measured against exact search over the same vectors; build time includes "
+            "calls are); ratio_vs_exact compares it with exact torch search (batches of 250), ratio_vs_stock "
+            "with community FAISS (exact, one query per call, 32 threads: what a LangChain app gets); recall@10 is measured against exact search over the same vectors; build time includes "
             "IVF training (64 points per list, 10 k-means iterations). Data: clustered_vectors() -- 1,000 "
             "sub-topics under 50 topics, each on its own 16-d subspace, plus noise; unit-normalised; cosine metric."
         ),

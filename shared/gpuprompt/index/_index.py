@@ -113,10 +113,10 @@ class VectorIndex:
       (Flat, IVF) with a faiss GPU build. Indexes that cannot remove (HNSW) keep tombstones and are
       rebuilt when tombstones pass ``compact_fraction`` of the records. Indexes that need training
       (IVF, PQ) are searched exactly until enough records arrive, then trained.
-    * ``"auto"`` (default): torch on CUDA. On a CPU: exact torch search up to
-      :data:`ANN_THRESHOLD` (50,000) records -- measured here 3x faster than a faiss Flat index in
-      batches of 32 -- and a faiss ``HNSW32`` index above it (built once from the stored vectors;
-      ids, documents and metadata are kept). With ``index_factory`` given, faiss.
+    * ``"auto"`` (default): faiss when ``index_factory`` is given; else torch on CUDA, and on a
+      CPU exact torch search up to :data:`ANN_THRESHOLD` (50,000) records -- measured here 3x
+      faster than a faiss Flat index in batches of 32 -- then a faiss ``HNSW32`` index (built once
+      from the stored vectors; ids, documents and metadata are kept).
 
     Scores are higher-is-better for every metric: ``"cosine"`` gives the cosine similarity in
     [-1, 1]; ``"ip"`` the inner product; ``"l2"`` gives ``1 / (1 + squared L2 distance)`` in (0, 1].
@@ -288,10 +288,10 @@ class VectorIndex:
         device = self.device
         request = self._backend_request
         if request == "auto":
-            if device.startswith("cuda"):
+            if self._factory is not None:
+                request = "faiss"  # on the GPU when a faiss GPU build is installed, else on the CPU
+            elif device.startswith("cuda"):
                 request = "torch"
-            elif self._factory is not None:
-                request = "faiss"
             elif size > self._ann_threshold and _faiss_installed():
                 return self._new_faiss(AUTO_ANN_FACTORY, "cpu")
             else:

@@ -33,13 +33,14 @@ class ServerConfig:
         retry_after_s: the ``Retry-After`` seconds sent with 429.
         embedding_model: the embedder to load (None: the bundled all-MiniLM-L6-v2).
         chat_model: the chat model to load (None: the bundled SmolLM2-135M-Instruct).
-        llm_backend: ``"auto"``, ``"vllm"`` or ``"transformers"`` (see :class:`~gpuprompt.LLMConfig`).
+        llm_backend: ``"auto"``, ``"vllm"`` or ``"transformers"`` (see :class:`~gpuprompt.llm.LLMConfig`).
         device: ``"auto"``, ``"cpu"``, ``"cuda"``, ``"cuda:N"`` or ``"mps"`` for both models.
         default_max_tokens: tokens generated when a request names no ``max_tokens`` (the engine
             also caps it by the room left in the context window).
         rag_k: documents retrieved per question by the collection chat endpoint.
-        strict_model_names: refuse a ``model`` field that names neither served model (404);
-            False serves any name with the loaded models (for tools with a fixed model name).
+        strict_model_names: refuse (404) a ``model`` field that does not name the endpoint's own
+            served model (its full id or last path segment); False serves any name with the
+            loaded models (for tools with a fixed model name).
         preload: load both models at start-up, before the port opens, so the first request is
             not slow.
     """

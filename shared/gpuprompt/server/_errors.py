@@ -9,7 +9,10 @@ Mapping::
     QueueFullError                                            -> 429 + Retry-After
     ClosedError, EngineDeadError                              -> 503
     any other error                                           -> 500 (details logged, not sent)
-    ApiError (auth 401, unknown model/collection 404, 413, 429 admission) -> its own status
+    ApiError (unknown model/collection 404, bad chat fields 400)  -> its own status
+
+The gate middleware (``_gate.py``) answers before any handler runs: 401 (API key), 413 (body
+size) and 429 + Retry-After (too many requests in flight), with the same error body.
 """
 
 from __future__ import annotations

@@ -49,7 +49,7 @@ def serve(
         max_body_bytes: the largest request body (413 beyond).
         max_in_flight: most concurrent model requests (429 with ``Retry-After`` beyond).
         default_max_tokens: tokens generated when a request names no ``max_tokens``.
-        strict_model_names: 404 for a ``model`` that names neither served model.
+        strict_model_names: 404 for a ``model`` that does not name the endpoint's served model.
         graceful_timeout_s: how long SIGTERM waits for in-flight requests; None waits for ever.
         log_level: uvicorn's log level.
 
