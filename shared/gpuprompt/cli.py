@@ -156,6 +156,7 @@ def main(argv: list[str] | None = None) -> int:
         # vLLM logs every engine step at INFO and weight casts at WARNING; a user wants our output.
         os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
         os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+        os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # transformers' weight-loading bars
         import warnings
 
         warnings.filterwarnings("ignore")
