@@ -225,7 +225,9 @@ def main(argv: list[str] | None = None) -> int:
             "import sys\nfrom gpuprompt.server import serve\n"
             f"sys.exit(serve(host='127.0.0.1', port={args.port}, llm_backend={args.backend!r}, log_level='warning'))\n"
         )
-        server = subprocess.Popen([sys.executable, "-c", code])
+        # The engine's own INFO/WARNING lines would bury Locust's summary (override by setting them).
+        env = {"VLLM_LOGGING_LEVEL": "ERROR", "TRANSFORMERS_VERBOSITY": "error", **os.environ}
+        server = subprocess.Popen([sys.executable, "-c", code], env=env)
         print(f"starting a local server on {host} (LLM backend {args.backend}) ...", flush=True)
     try:
         deadline = time.monotonic() + args.startup_timeout
