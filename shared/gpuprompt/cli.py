@@ -16,15 +16,15 @@ def _bench(args: argparse.Namespace) -> int:
     from gpuprompt.bench._registry import environment
 
     table = scenarios()
-    if args.scenario == "list":
+    if args.scenario == ["list"]:
         for name, item in sorted(table.items()):
             print(f"{name:22s} {item.description}")
         return 0
-    if args.scenario == "all":
+    if args.scenario == ["all"]:
         # gpu-smoke only says something on a CUDA machine; elsewhere it is left out of "all".
         names = [n for n in sorted(table) if n != "gpu-smoke" or _has_cuda()]
     else:
-        names = [args.scenario]
+        names = list(dict.fromkeys(args.scenario))
     unknown = [n for n in names if n not in table]
     if unknown:
         print(f"unknown scenario {unknown[0]!r}; choose from: {', '.join(sorted(table))}, all, list", file=sys.stderr)
@@ -123,7 +123,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.set_defaults(func=_demo)
 
     bench = sub.add_parser("bench", help="measure a scenario against the stock classes (JSON + PNG)")
-    bench.add_argument("scenario", help="a scenario name, 'all', or 'list'")
+    bench.add_argument("scenario", nargs="+", help="one or more scenario names, 'all', or 'list'")
     bench.add_argument("--quick", action="store_true", help="smaller, faster variant")
     bench.add_argument("--runs", type=int, default=3, help="repeats; medians are reported (default 3)")
     bench.add_argument("--out", default="bench-results", help="output folder (default bench-results)")

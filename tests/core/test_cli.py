@@ -88,3 +88,13 @@ def test_load_helpers_keep_order_and_bound_concurrency() -> None:
         return x + 1
 
     assert task_load(acall, list(range(6)), 2).results == [1, 2, 3, 4, 5, 6]
+
+
+def test_bench_runs_several_named_scenarios_and_writes_a_summary(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    scenario("test-arith-b", "the same tiny scenario under a second name")(_arith)
+    assert main(["bench", "test-arith", "test-arith-b", "test-arith", "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert out.count("== test-arith ") == 1 and out.count("== test-arith-b ") == 1
+    summary = (tmp_path / "summary.md").read_text()
+    assert "| test-arith |" in summary and "| test-arith-b |" in summary
+    assert main(["bench", "test-arith", "no-such-scenario"]) == 2

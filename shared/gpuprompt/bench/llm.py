@@ -7,9 +7,9 @@ from __future__ import annotations
 import asyncio
 import statistics
 import time
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from gpuprompt.bench._load import in_thread
 from gpuprompt.bench._registry import BenchContext, Chart, ScenarioResult, scenario
 
 __all__: list[str] = []
@@ -72,14 +72,6 @@ def _stock_chat(max_new_tokens: int) -> Any:
     return ChatHuggingFace(llm=pipeline, model_id=folder)
 
 
-def _in_thread(fn: Any) -> Any:
-    """Run ``fn`` on a short-lived thread. A thread that ran torch work keeps an OpenMP team that,
-    on 2 cores, slowed torch in the engine's worker thread by ~30% afterwards; the stock calls
-    therefore run on a thread that ends with them (their own speed is unchanged)."""
-    with ThreadPoolExecutor(1) as pool:
-        return pool.submit(fn).result()
-
-
 def _lc_messages(messages: list[dict[str, str]]) -> list[Any]:
     from langchain_core.messages import AIMessage, HumanMessage, SystemMessage
 
@@ -127,7 +119,7 @@ def llm_concurrency(ctx: BenchContext) -> ScenarioResult:
     backends = _backends()
     engines = {name: _engine(name) for name in backends}
     warm = chat_requests(2, max_tokens, "warm-up ")
-    _in_thread(lambda: stock.invoke(_lc_messages(warm[0])))
+    in_thread(lambda: stock.invoke(_lc_messages(warm[0])))
     for engine in engines.values():
         _burst(engine, warm, 8)
     run_id = iter(range(10**6))
@@ -146,7 +138,7 @@ def llm_concurrency(ctx: BenchContext) -> ScenarioResult:
                 tokens += len(tokenizer(str(reply.content), add_special_tokens=False)["input_ids"])
             return tokens, time.perf_counter() - started, latencies
 
-        stock_tokens, stock_wall, latencies = _in_thread(sequential)
+        stock_tokens, stock_wall, latencies = in_thread(sequential)
         figures["stock_tok_s"] = stock_tokens / stock_wall
         figures["stock_p50_s"] = statistics.median(latencies)
         for name, engine in engines.items():
@@ -238,7 +230,7 @@ def llm_prefix_cache(ctx: BenchContext) -> ScenarioResult:
     # One unmeasured session first: the engine's first long prompts pay one-off start-up costs.
     _, first = conversation("(warm-up) ")
     engine.generate([first])
-    _in_thread(lambda: stock.invoke(_lc_messages([{"role": "system", "content": system}, {"role": "user", "content": "Hi"}])))
+    in_thread(lambda: stock.invoke(_lc_messages([{"role": "system", "content": system}, {"role": "user", "content": "Hi"}])))
 
     def measure() -> dict[str, float]:
         salt = f"(session {next(run_id)}) "
@@ -254,7 +246,7 @@ def llm_prefix_cache(ctx: BenchContext) -> ScenarioResult:
             "warm_over_cold": warm.timings.ttft_s / cold.timings.ttft_s,
         }
         started = time.perf_counter()
-        _in_thread(lambda: stock.invoke(_lc_messages(messages)))
+        in_thread(lambda: stock.invoke(_lc_messages(messages)))
         figures["stock_ttft_ms"] = (time.perf_counter() - started) * 1000
         return figures
 
