@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import copy
 import dataclasses
-import functools
 import hashlib
 import logging
 import threading
@@ -21,7 +20,6 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from gpuprompt._compute import run_on_compute_thread
 from gpuprompt.batching import BatcherStats, MicroBatcher
 from gpuprompt.errors import (
     ClosedError,
@@ -198,10 +196,6 @@ class EmbeddingCache:
                     slots.append(slot)
             if not slots:
                 return torch.empty((0, self.dim), dtype=torch.float32, device=self.device), positions
-            if self.device == "cpu":
-                # numpy on the caller's thread: a large torch op there would give that thread an
-                # OpenMP team of its own and slow every later forward pass (gpuprompt._compute).
-                return torch.from_numpy(self._storage.numpy()[slots]), positions
             index = torch.tensor(slots, dtype=torch.long, device=self.device)
             return self._storage.index_select(0, index), positions
 
@@ -411,8 +405,7 @@ class Embedder:
             self._counter = _TokenCounter(model.tokenizer)
             self._cache = EmbeddingCache(self._dim, self.config.cache_size, device)
             self._batcher = MicroBatcher(
-                # On the CPU the forward passes run on the process's compute thread (gpuprompt._compute).
-                functools.partial(run_on_compute_thread, self._run_batch) if device == "cpu" else self._run_batch,
+                self._run_batch,
                 name=f"embed:{self._model_id.rsplit('/', 1)[-1]}",
                 max_batch_size=self.config.batch_size,
                 max_batch_cost=self.config.max_batch_tokens,
@@ -502,8 +495,6 @@ class Embedder:
         import torch
 
         keys, hit_positions = plan.keys, plan.hit_positions
-        if self._device == "cpu":
-            return torch.from_numpy(self._assemble_numpy(plan, rows))
         if not hit_positions and len(rows) == len(keys):
             return torch.stack(rows)  # the common case: every text new and distinct
         out = torch.empty((len(keys), self._dim), dtype=torch.float32, device=self._device)
@@ -518,23 +509,6 @@ class Embedder:
             out[torch.tensor(positions, dtype=torch.long, device=self._device)] = computed[
                 torch.tensor(source, dtype=torch.long, device=computed.device)
             ]
-        return out
-
-    def _assemble_numpy(self, plan: _Plan, rows: list[Any]) -> np.ndarray:
-        """:meth:`_assemble` for the CPU, in numpy: it runs on the caller's thread, where a large
-        torch op would give that thread an OpenMP team of its own (see :mod:`gpuprompt._compute`)."""
-        keys, hit_positions = plan.keys, plan.hit_positions
-        computed = np.stack([row.numpy() for row in rows]) if rows else None
-        if not hit_positions and computed is not None and len(rows) == len(keys):
-            return computed  # the common case: every text new and distinct
-        out = np.empty((len(keys), self._dim), dtype=np.float32)
-        if hit_positions:
-            out[hit_positions] = plan.hit_rows.numpy()
-        if computed is not None:
-            where = {key: i for i, key in enumerate(plan.miss_keys)}
-            hit_set = set(hit_positions)
-            positions = [p for p in range(len(keys)) if p not in hit_set]
-            out[positions] = computed[[where[keys[p]] for p in positions]]
         return out
 
     def count_tokens(self, texts: Sequence[str]) -> list[int]:

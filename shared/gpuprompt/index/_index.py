@@ -7,7 +7,6 @@ of the vectors, so every backend can be rebuilt, switched, topped up exactly, an
 from __future__ import annotations
 
 import asyncio
-import functools
 import json
 import logging
 import math
@@ -16,14 +15,13 @@ import threading
 import uuid
 import weakref
 from collections import OrderedDict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
-from gpuprompt._compute import run_on_compute_thread
 from gpuprompt.batching import BatcherStats, MicroBatcher
 from gpuprompt.errors import (
     ClosedError,
@@ -436,17 +434,11 @@ class VectorIndex:
 
     # ------------------------------------------------------------------ validation
     def _matrix(self, value: Any, name: str, *, allow_1d: bool) -> Any:
-        """A (n, dim) float32 numpy array or torch tensor, checked for shape and finiteness.
-
-        CPU tensors are checked as numpy arrays (zero-copy): a large torch op on the caller's
-        thread would give that thread an OpenMP team of its own (see :mod:`gpuprompt._compute`).
-        """
+        """A (n, dim) float32 numpy array or torch tensor, checked for shape and finiteness."""
         if _is_tensor(value):
             import torch
 
             tensor = value.detach()
-            if tensor.device.type == "cpu" and tensor.dtype not in (torch.bfloat16, torch.bool) and not tensor.is_complex():
-                return self._matrix(tensor.numpy(), name, allow_1d=allow_1d)
             if not (
                 tensor.is_floating_point()
                 or tensor.dtype in (torch.int32, torch.int64, torch.int16, torch.int8, torch.uint8)
@@ -545,27 +537,16 @@ class VectorIndex:
         unique_ids = [id_list[i] for i in order]
         picks = np.asarray(order, dtype=np.int64)
         unique_vectors = matrix if len(order) == n else matrix[picks]
-        self._on_compute(self._upsert, unique_ids, unique_vectors, [docs[i] for i in order], [metas[i] for i in order])
-        return id_list
-
-    def _upsert(self, ids: list[str], vectors: np.ndarray, docs: list[str | None], metas: list[Any]) -> None:
-        self._ensure_backend(incoming=len(ids))
+        self._ensure_backend(incoming=len(order))
         with self._lock.write():
             store = self._store
-            change = store.plan_upsert(ids, vectors)
+            change = store.plan_upsert(unique_ids, unique_vectors)
             store.reserve(change.size)
             # Read the backend under the lock: another writer may have switched it meanwhile.
             self._backend_apply(self._backend, change)
-            store.apply_upsert(change, ids, docs, metas)
+            store.apply_upsert(change, unique_ids, [docs[i] for i in order], [metas[i] for i in order])
             self._after_write()
-
-    def _on_compute(self, fn: Callable[..., Any], *args: Any) -> Any:
-        """Run tensor work on the process's CPU compute thread when this index is on the CPU
-        (see :mod:`gpuprompt._compute`); directly otherwise. Nobody holding this index's lock may
-        call it: the work takes the lock itself, on that thread."""
-        if self.device == "cpu":
-            return run_on_compute_thread(fn, *args)
-        return fn(*args)
+        return id_list
 
     def delete(self, ids: Sequence[str]) -> int:
         """Delete records by id; missing ids are ignored.
@@ -579,9 +560,6 @@ class VectorIndex:
         id_list = self._id_list(ids, "ids")
         if not id_list:
             return 0
-        return self._on_compute(self._delete, id_list)
-
-    def _delete(self, id_list: list[str]) -> int:
         self._ensure_backend()
         with self._lock.write():
             store = self._store
@@ -830,10 +808,8 @@ class VectorIndex:
                 if self._batcher is None:
                     # The worker thread holds only a weak reference to the index, so an index that
                     # is dropped without close() is still collected, and its worker stops with it.
-                    # On the CPU the searches run on the process's compute thread (gpuprompt._compute).
-                    run = _weak_batch(weakref.ref(self))
                     self._batcher = MicroBatcher(
-                        functools.partial(run_on_compute_thread, run) if self.device == "cpu" else run,
+                        _weak_batch(weakref.ref(self)),
                         name="index-search",
                         cost=_request_cost,
                         max_batch_cost=4096,
