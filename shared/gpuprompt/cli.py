@@ -116,7 +116,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     demo = sub.add_parser("demo", help="e-commerce support RAG demo on the bundled models")
     demo.add_argument("--products", type=_positive_int, default=2000, help="catalogue size (default 2000)")
-    demo.add_argument("--customers", type=_positive_int, default=32, help="concurrent customers in the burst (default 32)")
+    demo.add_argument("--customers", type=_positive_int, default=32,
+                      help="concurrent customers in the burst (default 32)")
     demo.add_argument("--max-tokens", type=_positive_int, default=48, help="new tokens per answer (default 48)")
     demo.add_argument("--llm-backend", choices=["auto", "vllm", "transformers"], default="auto",
                       help="LLM engine backend (default auto: vLLM when it starts, else transformers)")

@@ -305,7 +305,8 @@ def search_ann(ctx: BenchContext) -> ScenarioResult:
         notes=(
             f"Best CPU ANN: {best_name or 'n/a'}. Queries are searched in batches of 100 (as coalesced concurrent "
             "calls are); ratio_vs_exact compares it with exact torch search (batches of 250), ratio_vs_stock "
-            "with community FAISS (exact, one query per call, 32 threads: what a LangChain app gets); recall@10 is measured against exact search over the same vectors; build time includes "
+            "with community FAISS (exact, one query per call, 32 threads: what a LangChain app gets); "
+            "recall@10 is measured against exact search over the same vectors; build time includes "
             "IVF training (64 points per list, 10 k-means iterations). Data: clustered_vectors() -- 1,000 "
             "sub-topics under 50 topics, each on its own 16-d subspace, plus noise; unit-normalised; cosine metric."
         ),
