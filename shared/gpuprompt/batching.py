@@ -18,9 +18,18 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
-from gpuprompt.errors import ClosedError, ConfigurationError, EngineDeadError, EngineError, QueueFullError
+from gpuprompt._validate import check_int, check_number
+from gpuprompt.errors import (
+    ClosedError,
+    ConfigurationError,
+    EngineDeadError,
+    EngineError,
+    GPUPromptError,
+    QueueFullError,
+    describe,
+)
 
-__all__ = ["BatcherStats", "MicroBatcher"]
+__all__ = ["PRIORITY_MAX", "PRIORITY_MIN", "BatcherStats", "MicroBatcher", "check_priority"]
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -28,6 +37,19 @@ R = TypeVar("R")
 logger = logging.getLogger(__name__)
 
 _WAIT_SAMPLES = 10_000
+PRIORITY_MIN = -(2**31)
+PRIORITY_MAX = 2**31 - 1
+"""Priorities are ints in this range (lower runs first): what every engine backend can order."""
+MAX_WAIT_MS_LIMIT = 60_000.0
+
+
+def check_priority(priority: Any, name: str = "priority") -> int:
+    """Return ``priority`` as an int in ``[PRIORITY_MIN, PRIORITY_MAX]`` or raise ``InvalidInputError``.
+
+    Checked on the caller's side, before the item reaches the shared queue: an item that cannot be
+    ordered must fail its own caller, never the worker that serves everyone.
+    """
+    return check_int(priority, name, min=PRIORITY_MIN, max=PRIORITY_MAX)  # type: ignore[return-value]
 
 
 @dataclass(frozen=True)
@@ -127,16 +149,14 @@ class MicroBatcher(Generic[T, R]):
         isolate_failures: bool = True,
         fatal: tuple[type[BaseException], ...] = (EngineDeadError, ClosedError),
     ) -> None:
-        if not isinstance(max_batch_size, int) or max_batch_size < 1:
-            raise ConfigurationError(f"'max_batch_size' must be an int >= 1 (got {max_batch_size!r}).")
-        if max_batch_cost is not None and (not isinstance(max_batch_cost, int) or max_batch_cost < 1):
-            raise ConfigurationError(f"'max_batch_cost' must be None or an int >= 1 (got {max_batch_cost!r}).")
+        check_int(max_batch_size, "max_batch_size", min=1, error=ConfigurationError)
+        check_int(max_batch_cost, "max_batch_cost", min=1, allow_none=True, error=ConfigurationError)
         if max_batch_cost is not None and cost is None:
             raise ConfigurationError("'max_batch_cost' needs a 'cost' function that prices one item.")
-        if max_wait_ms < 0:
-            raise ConfigurationError(f"'max_wait_ms' must be >= 0 (got {max_wait_ms!r}).")
-        if not isinstance(max_queue, int) or max_queue < 1:
-            raise ConfigurationError(f"'max_queue' must be an int >= 1 (got {max_queue!r}).")
+        max_wait_ms = check_number(max_wait_ms, "max_wait_ms", min=0, max=MAX_WAIT_MS_LIMIT, error=ConfigurationError)
+        check_int(max_queue, "max_queue", min=1, error=ConfigurationError)
+        if not callable(fn) or (cost is not None and not callable(cost)):
+            raise ConfigurationError(f"'fn' and 'cost' must be callables (got {describe(fn)}, {describe(cost)}).")
         self._fn = fn
         self.name = name
         self.max_batch_size = max_batch_size
@@ -182,8 +202,9 @@ class MicroBatcher(Generic[T, R]):
 
     def submit_many(self, items: Iterable[T], *, priority: int = 0) -> list[Future[R]]:
         """Queue several items atomically (all or none); return their futures in order."""
+        priority = check_priority(priority)
         items = list(items)
-        costs = [self._cost(item) if self._cost is not None else 1 for item in items]
+        costs = [self._item_cost(item) for item in items]
         now = time.perf_counter()
         entries: list[_Entry[T]] = []
         with self._cond:
@@ -229,6 +250,20 @@ class MicroBatcher(Generic[T, R]):
         finally:
             for future in futures:
                 future.cancel()
+
+    def _item_cost(self, item: T) -> int:
+        """The cost of one item, computed on the caller's thread: a bad item fails its caller alone."""
+        if self._cost is None:
+            return 1
+        try:
+            cost = self._cost(item)
+        except GPUPromptError:
+            raise
+        except Exception as exc:
+            raise EngineError(f"MicroBatcher {self.name!r}: pricing an item failed: {exc!r}") from exc
+        if isinstance(cost, bool) or not isinstance(cost, int):
+            raise EngineError(f"MicroBatcher {self.name!r}: the cost function returned {describe(cost)}, not an int.")
+        return cost
 
     def _on_done(self, entry: _Entry[T], future: Future) -> None:
         if not future.cancelled():
@@ -278,6 +313,17 @@ class MicroBatcher(Generic[T, R]):
         return batch
 
     def _run(self) -> None:
+        # The worker must never die while the batcher is open: a dead worker hangs every later caller.
+        while True:
+            try:
+                self._loop()
+                return
+            except BaseException:  # noqa: BLE001 - logged; the loop restarts with the state it left
+                logger.exception("MicroBatcher %r worker loop error; continuing", self.name)
+                if self._closed:
+                    return
+
+    def _loop(self) -> None:
         freed_at: float | None = None  # when the last batch ended; None while idle
         expected = 0  # items we know of: those queued when the worker freed + those just served
         while True:
@@ -332,7 +378,13 @@ class MicroBatcher(Generic[T, R]):
 
     def _execute(self, entries: list[_Entry[T]]) -> None:
         try:
-            results = self._fn([e.item for e in entries])
+            returned = self._fn([e.item for e in entries])
+            try:
+                results = list(returned)
+            except TypeError as exc:
+                raise EngineError(
+                    f"MicroBatcher {self.name!r}: the batch function returned {describe(returned)}, not a sequence."
+                ) from exc
             if len(results) != len(entries):
                 raise EngineError(
                     f"MicroBatcher {self.name!r}: the batch function returned {len(results)} results "
@@ -342,7 +394,7 @@ class MicroBatcher(Generic[T, R]):
             self._count_batch()
             self._fail(entries, exc)
             return
-        except Exception as exc:
+        except BaseException as exc:  # noqa: BLE001 - any failure of one batch must stay with its items
             self._count_batch()
             if self._isolate and len(entries) > 1:
                 with self._cond:

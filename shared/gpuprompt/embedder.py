@@ -20,7 +20,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from gpuprompt.batching import BatcherStats, MicroBatcher
+from gpuprompt._validate import check_bool, check_choice, check_int, check_number, check_str, check_str_list
+from gpuprompt.batching import MAX_WAIT_MS_LIMIT, BatcherStats, MicroBatcher, check_priority
 from gpuprompt.errors import (
     ClosedError,
     ConfigurationError,
@@ -39,6 +40,8 @@ if TYPE_CHECKING:
 __all__ = ["EmbedderConfig", "EmbedderStats", "Embedder", "EmbeddingCache", "validate_texts"]
 
 logger = logging.getLogger(__name__)
+
+_MAX_INT32 = 2**31 - 1
 
 _ASYNC_INLINE_LIMIT = 64  # aembed prepares at most this many texts on the loop thread
 
@@ -73,18 +76,21 @@ class EmbedderConfig:
     show_progress: bool = False
 
     def __post_init__(self) -> None:
-        _check_int("batch_size", self.batch_size, 1)
-        _check_int("max_batch_tokens", self.max_batch_tokens, 1)
-        _check_int("max_queue", self.max_queue, 1)
-        _check_int("cache_size", self.cache_size, 0)
-        if self.dtype not in (None, "float16", "bfloat16", "float32"):
-            raise ConfigurationError(
-                f"'dtype' must be None, 'float16', 'bfloat16' or 'float32' (got {describe(self.dtype)})."
-            )
-        if not isinstance(self.max_wait_ms, (int, float)) or self.max_wait_ms < 0:
-            raise ConfigurationError(f"'max_wait_ms' must be a number >= 0 (got {describe(self.max_wait_ms)}).")
-        if self.model is not None and not isinstance(self.model, str):
-            raise ConfigurationError(f"'model' must be None or a str (got {describe(self.model)}).")
+        check_int(self.batch_size, "batch_size", min=1, max=_MAX_INT32, error=ConfigurationError)
+        check_int(self.max_batch_tokens, "max_batch_tokens", min=1, max=_MAX_INT32, error=ConfigurationError)
+        check_int(self.max_queue, "max_queue", min=1, max=_MAX_INT32, error=ConfigurationError)
+        check_int(self.cache_size, "cache_size", min=0, max=_MAX_INT32, error=ConfigurationError)
+        if self.dtype is not None:
+            check_choice(self.dtype, "dtype", ("float16", "bfloat16", "float32"), error=ConfigurationError)
+        object.__setattr__(
+            self,
+            "max_wait_ms",
+            check_number(self.max_wait_ms, "max_wait_ms", min=0, max=MAX_WAIT_MS_LIMIT, error=ConfigurationError),
+        )
+        check_str(self.model, "model", allow_none=True, allow_empty=False, error=ConfigurationError)
+        check_str(self.device, "device", allow_empty=False, error=ConfigurationError)
+        check_bool(self.normalize, "normalize", error=ConfigurationError)
+        check_bool(self.show_progress, "show_progress", error=ConfigurationError)
         if self.model in BUNDLED_EMBEDDING_ALIASES:
             # One spelling per model, so every alias of the bundled model shares one instance.
             object.__setattr__(self, "model", None)
@@ -96,11 +102,6 @@ class EmbedderConfig:
     def key(self) -> tuple[Any, ...]:
         """The registry key: every field that changes the model or its queue."""
         return tuple(getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "show_progress")
-
-
-def _check_int(name: str, value: Any, minimum: int) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
-        raise ConfigurationError(f"'{name}' must be an int >= {minimum} (got {describe(value)}).")
 
 
 def validate_texts(texts: Any, *, name: str = "texts") -> list[str]:
@@ -115,10 +116,7 @@ def validate_texts(texts: Any, *, name: str = "texts") -> list[str]:
         )
     if not isinstance(texts, Sequence):
         raise InputTypeError(f"'{name}' must be a list of str (got {describe(texts)}).")
-    for index, item in enumerate(texts):
-        if not isinstance(item, str):
-            raise InputTypeError(f"'{name}[{index}]' must be a str (got {describe(item)}).")
-    return list(texts)
+    return check_str_list(list(texts), name)
 
 
 @dataclass(frozen=True)
@@ -541,6 +539,7 @@ class Embedder:
             QueueFullError: too many texts are waiting.
         """
         texts = validate_texts(texts)
+        priority = check_priority(priority)
         self.load()
         if not texts:
             import torch
@@ -589,6 +588,7 @@ class Embedder:
         Cancelling the awaiting task drops its texts from the queue.
         """
         texts = validate_texts(texts)
+        priority = check_priority(priority)
         if self._model is None:
             await asyncio.to_thread(self.load)
         if not texts:

@@ -13,7 +13,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from gpuprompt._validate import check_int, check_number, check_str, check_text
+from gpuprompt.batching import check_priority
 from gpuprompt.errors import ConfigurationError, InputTypeError, describe
+from gpuprompt.llm._types import MAX_TOKENS_LIMIT
 
 if TYPE_CHECKING:
     from gpuprompt.context import ContextCache, Turn
@@ -79,6 +82,10 @@ def format_facts(hits: Sequence[Hit]) -> str:
     return "\n".join(f"[{i + 1}] {hit.document or ''}".rstrip() for i, hit in enumerate(hits))
 
 
+MAX_K = 2**31 - 1
+"""The largest ``k`` accepted (fewer records than ``k`` simply return them all)."""
+
+
 class RAGPipeline:
     """Answer questions in sessions over a :class:`~gpuprompt.VectorIndex` of documents.
 
@@ -121,12 +128,12 @@ class RAGPipeline:
         max_tokens: int = 128,
         temperature: float = 0.0,
     ) -> None:
-        if not isinstance(k, int) or isinstance(k, bool) or k < 1:
-            raise ConfigurationError(f"'k' must be an int >= 1 (got {describe(k)}).")
-        if not isinstance(history_turns, int) or history_turns < 0:
-            raise ConfigurationError(f"'history_turns' must be an int >= 0 (got {describe(history_turns)}).")
-        if not isinstance(system_prompt, str):
-            raise ConfigurationError(f"'system_prompt' must be a str (got {describe(system_prompt)}).")
+        check_int(k, "k", min=1, max=MAX_K, error=ConfigurationError)
+        check_int(history_turns, "history_turns", min=0, max=MAX_K, error=ConfigurationError)
+        check_int(history_tokens, "history_tokens", min=1, max=MAX_TOKENS_LIMIT, allow_none=True, error=ConfigurationError)
+        check_int(max_tokens, "max_tokens", min=1, max=MAX_TOKENS_LIMIT, error=ConfigurationError)
+        temperature = check_number(temperature, "temperature", min=0.0, max=100.0, error=ConfigurationError)
+        check_str(system_prompt, "system_prompt", error=ConfigurationError)
         if embedder is None:
             from gpuprompt.runtime import get_runtime
 
@@ -182,10 +189,14 @@ class RAGPipeline:
 
         _check_text("session_id", session_id)
         _check_text("question", question)
+        # None means "the pipeline's default"; 0 or a bool is a mistake, never a silent default.
+        k = self.k if k is None else check_int(k, "k", min=1, max=MAX_K)
+        max_tokens = self.max_tokens if max_tokens is None else check_int(max_tokens, "max_tokens", min=1, max=MAX_TOKENS_LIMIT)
+        priority = check_priority(priority)
         started = time.perf_counter()
         query = await self.embedder.aembed_tensor([question], priority=priority)
         embedded = time.perf_counter()
-        hits = (await self.index.asearch(query, k or self.k, filter=filter))[0]
+        hits = (await self.index.asearch(query, k, filter=filter))[0]
         retrieved = time.perf_counter()
         history = await self.memory.awindow(
             session_id, query=question, max_turns=self.history_turns, max_tokens=self.history_tokens
@@ -193,7 +204,7 @@ class RAGPipeline:
         contextualised = time.perf_counter()
         request = GenerationRequest(
             messages=self.messages(question, hits, history),
-            max_tokens=max_tokens or self.max_tokens,
+            max_tokens=max_tokens,
             temperature=self.temperature,
             priority=priority,
             truncate="left",
@@ -246,3 +257,4 @@ class RAGPipeline:
 def _check_text(name: str, value: Any) -> None:
     if not isinstance(value, str) or not value.strip():
         raise InputTypeError(f"'{name}' must be a non-empty str (got {describe(value)}).")
+    check_text(value, name)

@@ -47,7 +47,8 @@ from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from gpuprompt.errors import FilterError, describe
+from gpuprompt._validate import MAX_DEPTH, check_depth
+from gpuprompt.errors import FilterError, InvalidInputError, describe
 
 __all__ = ["FilterError", "Predicate", "compile_filter", "filter_key", "matches", "validate_filter"]
 
@@ -89,12 +90,14 @@ def filter_key(filter: Mapping[str, Any] | None) -> str | None:
     """
     if not filter:
         return None
+    _preflight(filter)
     _check_str_keys(filter)
     return json.dumps(filter, sort_keys=True, separators=(",", ":"), allow_nan=False)
 
 
 def _check_str_keys(node: Any) -> None:
     # json.dumps turns int keys into str; two different filters must never share a key.
+    # (Depth is bounded by _preflight before this recursion runs.)
     if isinstance(node, Mapping):
         for key, value in node.items():
             if not isinstance(key, str):
@@ -121,7 +124,9 @@ def compile_filter(filter: Mapping[str, Any] | None) -> Predicate:
     # cache under the canonical key so a filter repeated on every request compiles once.
     try:
         key: str | None = filter_key(filter)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError) as exc:
+        if isinstance(exc, FilterError):
+            raise
         key = None
     if key is not None:
         with _cache_lock:
@@ -136,6 +141,18 @@ def compile_filter(filter: Mapping[str, Any] | None) -> Predicate:
             while len(_cache) > _CACHE_SIZE:
                 _cache.popitem(last=False)
     return predicate
+
+
+def _preflight(filter: Mapping[str, Any]) -> None:
+    """Refuse cycles and nesting deeper than ``MAX_DEPTH`` before any recursive walk.
+
+    A filter nested 10,000 deep gets a ``FilterError`` instead of exhausting the stack in the
+    compiler or in ``json.dumps``.
+    """
+    try:
+        check_depth(filter, "$", max_depth=MAX_DEPTH)
+    except InvalidInputError as exc:
+        raise FilterError(str(exc).rstrip("."), path=getattr(exc, "path", "$")) from None
 
 
 _CACHE_SIZE = 512
@@ -276,7 +293,10 @@ def _compile_op(op: str, operand: Any, path: str) -> Callable[[Any], bool]:
 
 # ---------------------------------------------------------------------------------------- checks
 def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    if isinstance(value, bool):
+        return False
+    # No float() conversion for ints: a 400-digit int would raise OverflowError.
+    return isinstance(value, int) or (isinstance(value, float) and math.isfinite(value))
 
 
 def _is_scalar(value: Any) -> bool:
@@ -348,7 +368,8 @@ def _op_order(op: str, operand: Any) -> Callable[[Any], bool]:
 
     def comparable(value: Any) -> bool:
         if numeric:
-            return isinstance(value, (int, float)) and not isinstance(value, bool) and not math.isnan(value)
+            # ``value == value`` is False only for NaN, and never converts a big int to float.
+            return isinstance(value, (int, float)) and not isinstance(value, bool) and value == value
         return isinstance(value, str)
 
     if op == "$gt":

@@ -6,6 +6,8 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from gpuprompt._validate import INT64_MAX, check_int, check_number
+from gpuprompt.batching import MAX_WAIT_MS_LIMIT
 from gpuprompt.errors import ConfigurationError, describe
 
 __all__ = ["BACKENDS", "LLMConfig"]
@@ -14,19 +16,16 @@ BACKENDS = ("auto", "vllm", "transformers")
 
 
 def _int(name: str, value: Any, minimum: int, *, optional: bool = False) -> None:
-    if optional and value is None:
-        return
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        prefix = "None or " if optional else ""
-        raise ConfigurationError(f"'{name}' must be {prefix}an int >= {minimum} (got {describe(value)}).")
+    check_int(value, name, min=minimum, max=_INT_MAX, allow_none=optional, error=ConfigurationError)
 
 
 def _float(name: str, value: Any, low: float, high: float, *, optional: bool = False) -> None:
-    if optional and value is None:
-        return
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not low < value <= high:
-        prefix = "None or " if optional else ""
-        raise ConfigurationError(f"'{name}' must be {prefix}a number > {low} and <= {high} (got {describe(value)}).")
+    number = check_number(value, name, min=low, max=high, allow_none=optional, error=ConfigurationError)
+    if number is not None and number == low:
+        raise ConfigurationError(f"'{name}' must be a number > {low} and <= {high} (got {describe(value)}).")
+
+
+_INT_MAX = 2**31 - 1
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -86,7 +85,7 @@ class LLMConfig:
             raise ConfigurationError(f"'model' must be None or a non-empty str (got {describe(self.model)}).")
         if self.backend not in BACKENDS:
             raise ConfigurationError(f"'backend' must be one of {list(BACKENDS)} (got {describe(self.backend)}).")
-        if not isinstance(self.device, str):
+        if not isinstance(self.device, str) or not self.device:
             raise ConfigurationError(f"'device' must be a str like 'auto', 'cpu' or 'cuda:0' (got {describe(self.device)}).")
         _int("max_model_len", self.max_model_len, 16)
         if self.dtype not in (None, "float16", "bfloat16", "float32"):
@@ -107,10 +106,9 @@ class LLMConfig:
         if self.enforce_eager is not None and not isinstance(self.enforce_eager, bool):
             raise ConfigurationError(f"'enforce_eager' must be None or a bool (got {describe(self.enforce_eager)}).")
         _float("kv_cache_space_gb", self.kv_cache_space_gb, 0.0, 1 << 20)
-        if isinstance(self.max_wait_ms, bool) or not isinstance(self.max_wait_ms, (int, float)) or self.max_wait_ms < 0:
-            raise ConfigurationError(f"'max_wait_ms' must be a number >= 0 (got {describe(self.max_wait_ms)}).")
+        check_number(self.max_wait_ms, "max_wait_ms", min=0, max=MAX_WAIT_MS_LIMIT, error=ConfigurationError)
         _int("max_queue", self.max_queue, 1)
-        _int("seed", self.seed, 0)
+        check_int(self.seed, "seed", min=0, max=INT64_MAX, error=ConfigurationError)
 
     def replace(self, **changes: Any) -> LLMConfig:
         """A copy with some fields changed."""

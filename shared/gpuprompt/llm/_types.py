@@ -6,12 +6,13 @@ line with a message that names the field, before anything is queued.
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from gpuprompt._validate import INT64_MAX, INT64_MIN, check_int, check_json, check_str, check_text
+from gpuprompt.batching import check_priority
 from gpuprompt.errors import InputTypeError, InvalidInputError, describe
 
 __all__ = [
@@ -27,6 +28,9 @@ __all__ = [
 
 FinishReason = Literal["stop", "length", "abort"]
 """Why generation ended: a stop string or end-of-sequence token, the token budget, or a cancel."""
+
+MAX_TOKENS_LIMIT = 2**31 - 1
+"""The largest ``max_tokens`` accepted (the context window caps it further)."""
 
 ROLES = ("system", "user", "assistant")
 """The chat roles a message may carry."""
@@ -154,11 +158,7 @@ def _normalize_response_format(value: Any) -> Mapping[str, Any] | None:
                 f"{{'schema': {{...}}}}}} (got {describe(dict(value))})."
             )
         value = schema
-    try:
-        json.dumps(value)
-    except (TypeError, ValueError) as exc:
-        raise InvalidInputError(f"'response_format' must be JSON-serialisable (got {describe(dict(value))}): {exc}.") from exc
-    return {"json": dict(value)}
+    return {"json": check_json(value, "response_format")}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -212,16 +212,14 @@ class GenerationRequest:
                 "a GenerationRequest needs exactly one of 'messages' or 'prompt' (got "
                 f"{'both' if self.messages is not None else 'neither'})."
             )
-        if self.prompt is not None and not isinstance(self.prompt, str):
-            raise InputTypeError(f"'prompt' must be a str (got {describe(self.prompt)}).")
+        check_str(self.prompt, "prompt", allow_none=True)
         if self.messages is not None:
             object.__setattr__(self, "messages", _check_messages(self.messages))
-        if isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int) or self.max_tokens < 1:
-            raise InvalidInputError(f"'max_tokens' must be an int >= 1 (got {describe(self.max_tokens)}).")
+        object.__setattr__(self, "max_tokens", check_int(self.max_tokens, "max_tokens", min=1, max=MAX_TOKENS_LIMIT))
         object.__setattr__(self, "temperature", _number("temperature", self.temperature, low=0.0, high=100.0))
         object.__setattr__(self, "top_p", _number("top_p", self.top_p, low=0.0, high=1.0, low_open=True))
-        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)):
-            raise InvalidInputError(f"'seed' must be None or an int (got {describe(self.seed)}).")
+        # int64, as vLLM's OpenAI server and torch's generators take it.
+        object.__setattr__(self, "seed", check_int(self.seed, "seed", min=INT64_MIN, max=INT64_MAX, allow_none=True))
         stop = self.stop
         if isinstance(stop, str):
             stop = (stop,)
@@ -232,13 +230,14 @@ class GenerationRequest:
         for index, item in enumerate(stop):
             if not isinstance(item, str) or not item:
                 raise InvalidInputError(f"'stop[{index}]' must be a non-empty str (got {describe(item)}).")
+            check_text(item, f"stop[{index}]")
         object.__setattr__(self, "stop", tuple(stop))
-        if isinstance(self.priority, bool) or not isinstance(self.priority, int):
-            raise InvalidInputError(f"'priority' must be an int, lower first (got {describe(self.priority)}).")
+        object.__setattr__(self, "priority", check_priority(self.priority))
         if self.truncate not in ("error", "left"):
             raise InvalidInputError(f"'truncate' must be 'error' or 'left' (got {describe(self.truncate)}).")
         if self.request_id is not None and (not isinstance(self.request_id, str) or not self.request_id):
             raise InvalidInputError(f"'request_id' must be None or a non-empty str (got {describe(self.request_id)}).")
+        check_str(self.request_id, "request_id", allow_none=True)
         object.__setattr__(self, "_guided", _normalize_response_format(self.response_format))
 
     @property
@@ -268,5 +267,6 @@ def _check_messages(messages: Any) -> tuple[dict[str, str], ...]:
             )
         if not isinstance(content, str):
             raise InputTypeError(f"'messages[{index}].content' must be a str (got {describe(content)}).")
+        check_text(content, f"messages[{index}].content")
         checked.append({"role": role, "content": content})
     return tuple(checked)
