@@ -6,6 +6,7 @@ re-runs an unguarded script's body (its side effects twice, throughput down ~3x)
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import subprocess
 import sys
@@ -13,8 +14,6 @@ import textwrap
 from pathlib import Path
 
 import pytest
-
-import importlib.util
 
 HAS_VLLM = importlib.util.find_spec("vllm") is not None
 
