@@ -32,7 +32,7 @@ from gpuprompt.errors import (
     describe,
 )
 from gpuprompt.models import BUNDLED_EMBEDDING_ALIASES, BUNDLED_EMBEDDING_MODEL, resolve_embedding_model
-from gpuprompt.runtime import default_dtype, resolve_device
+from gpuprompt._device import default_dtype, resolve_device
 
 if TYPE_CHECKING:
     import torch

@@ -1,4 +1,7 @@
-"""Runtime: the per-process registry of loaded models and engines, and the device choice.
+"""Runtime: the per-process registry of loaded models and engines.
+
+The device helpers live in the leaf module :mod:`gpuprompt._device` (re-exported here), so that
+components import them without importing the registry that builds the components.
 
 The same configuration always returns the same loaded instance, so a LangChain chain and a
 LlamaIndex query engine in one process share one model and one batch queue.
@@ -8,14 +11,15 @@ from __future__ import annotations
 
 import atexit
 import logging
-import re
 import threading
 from collections.abc import Callable, Hashable
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from gpuprompt.errors import ClosedError, ConfigurationError, DependencyError
+from gpuprompt._device import DEVICE_RE, default_dtype, resolve_device
+from gpuprompt.errors import ClosedError, ConfigurationError
 
 if TYPE_CHECKING:
+    from gpuprompt.context import ContextCache
     from gpuprompt.embedder import Embedder
     from gpuprompt.llm import LLMEngine
 
@@ -24,62 +28,6 @@ __all__ = ["Runtime", "default_dtype", "get_runtime", "resolve_device"]
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
-
-_DEVICE_RE = re.compile(r"^(auto|cpu|mps|cuda(:\d+)?)$")
-
-
-def _torch() -> Any:
-    try:
-        import torch
-    except ImportError as exc:  # pragma: no cover - torch is a hard dependency
-        raise DependencyError("gpuprompt needs torch: pip install 'torch==2.13.0' (CPU) or a CUDA build.") from exc
-    return torch
-
-
-def resolve_device(device: str = "auto") -> str:
-    """Turn a device request into a concrete torch device string.
-
-    Args:
-        device: ``"auto"`` (cuda > mps > cpu), ``"cpu"``, ``"mps"``, ``"cuda"`` or ``"cuda:N"``.
-
-    Returns:
-        The device string to use, for example ``"cuda:0"`` or ``"cpu"``.
-
-    Raises:
-        ConfigurationError: the string is malformed, or names a device this machine lacks.
-    """
-    if not isinstance(device, str) or not _DEVICE_RE.match(device):
-        raise ConfigurationError(
-            f"'device' must be 'auto', 'cpu', 'mps', 'cuda' or 'cuda:N' (got {device!r})."
-        )
-    if device == "cpu":
-        return "cpu"
-    torch = _torch()
-    if device == "auto":
-        if torch.cuda.is_available():
-            return "cuda:0"
-        mps = getattr(torch.backends, "mps", None)
-        if mps is not None and mps.is_available():
-            return "mps"
-        return "cpu"
-    if device == "mps":
-        mps = getattr(torch.backends, "mps", None)
-        if mps is None or not mps.is_available():
-            raise ConfigurationError("device 'mps' was asked for but MPS is not available; use 'auto' or 'cpu'.")
-        return "mps"
-    if not torch.cuda.is_available():
-        raise ConfigurationError(f"device {device!r} was asked for but CUDA is not available; use 'auto' or 'cpu'.")
-    index = int(device.split(":")[1]) if ":" in device else 0
-    count = torch.cuda.device_count()
-    if index >= count:
-        raise ConfigurationError(f"device {device!r} does not exist: this machine has {count} CUDA device(s).")
-    return f"cuda:{index}"
-
-
-def default_dtype(device: str) -> str:
-    """The default compute dtype for a resolved device: fp16 on CUDA, fp32 elsewhere."""
-    return "float16" if device.startswith("cuda") else "float32"
-
 
 class Runtime:
     """A per-process registry of loaded components, keyed by their configuration.
@@ -97,7 +45,7 @@ class Runtime:
     """
 
     def __init__(self, device: str = "auto") -> None:
-        if not isinstance(device, str) or not _DEVICE_RE.match(device):
+        if not isinstance(device, str) or not DEVICE_RE.match(device):
             raise ConfigurationError(
                 f"'device' must be 'auto', 'cpu', 'mps', 'cuda' or 'cuda:N' (got {device!r})."
             )
@@ -188,6 +136,35 @@ class Runtime:
             # Resolution is left to the first use: asking for a component loads nothing.
             config = config.replace(device=self._device_request)
         return self.get_or_create(("llm", config.key()), lambda: LLMEngine(config=config))
+
+    def context_cache(
+        self,
+        embedder: Embedder | None = None,
+        *,
+        max_sessions: int = 10_000,
+        ttl_seconds: float | None = 3600.0,
+        max_turns_per_session: int = 1000,
+    ) -> ContextCache:
+        """The shared :class:`~gpuprompt.ContextCache` over ``embedder`` (default: :meth:`embedder`).
+
+        Every surface that keeps a session's turns (LangChain chat history, LlamaIndex memory,
+        :class:`~gpuprompt.RAGPipeline`) asks here, so one session id sees the same turns from all
+        of them in one process. The same embedder and options return the same instance.
+        """
+        from gpuprompt.context import ContextCache
+
+        if embedder is None:
+            embedder = self.embedder()
+        key = ("context", id(embedder), max_sessions, ttl_seconds, max_turns_per_session)
+        return self.get_or_create(
+            key,
+            lambda: ContextCache(
+                embedder,
+                max_sessions=max_sessions,
+                ttl_seconds=ttl_seconds,
+                max_turns_per_session=max_turns_per_session,
+            ),
+        )
 
     def shutdown(self) -> None:
         """Close every registered component and refuse new ones. Safe to call twice."""

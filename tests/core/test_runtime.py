@@ -98,3 +98,30 @@ def test_bundled_model_aliases_share_one_embedder() -> None:
     assert runtime.embedder() is runtime.embedder("sentence-transformers/all-MiniLM-L6-v2")
     assert runtime.embedder() is runtime.embedder("all-MiniLM-L6-v2")
     runtime.shutdown()
+
+
+def test_importing_the_runtime_imports_no_component_module() -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, gpuprompt.runtime; "
+        "mods = [m for m in ('gpuprompt.embedder', 'gpuprompt.context', 'gpuprompt.llm', 'gpuprompt.index', "
+        "'gpuprompt.pipeline', 'torch') if m in sys.modules]; print(mods)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+
+
+def test_context_cache_is_shared_per_embedder_and_options(embedder) -> None:
+    from gpuprompt import Runtime
+
+    rt = Runtime(device="cpu")
+    try:
+        first = rt.context_cache(embedder)
+        assert rt.context_cache(embedder) is first
+        assert rt.context_cache(embedder, max_turns_per_session=10) is not first
+        first.append("s1", "user", "Does the Aurora dress shrink?")
+        assert [t.text for t in rt.context_cache(embedder).turns("s1")] == ["Does the Aurora dress shrink?"]
+    finally:
+        rt.shutdown()

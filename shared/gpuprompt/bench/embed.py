@@ -29,7 +29,7 @@ def _stock_embeddings():  # langchain-huggingface, the stock class we compare ag
     from langchain_huggingface import HuggingFaceEmbeddings
 
     from gpuprompt.models import resolve_embedding_model
-    from gpuprompt.runtime import resolve_device
+    from gpuprompt._device import resolve_device
 
     return HuggingFaceEmbeddings(
         model_name=resolve_embedding_model(None),

@@ -60,7 +60,7 @@ def _stock_chat(max_new_tokens: int) -> Any:
     from langchain_huggingface import ChatHuggingFace, HuggingFacePipeline
 
     from gpuprompt.models import resolve_chat_model
-    from gpuprompt.runtime import resolve_device
+    from gpuprompt._device import resolve_device
 
     folder = resolve_chat_model(None)
     pipeline = HuggingFacePipeline.from_model_id(

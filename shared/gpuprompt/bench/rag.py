@@ -34,7 +34,7 @@ def _stock_chain(texts: list[str], metadatas: list[dict], max_tokens: int) -> An
     from langchain_huggingface import ChatHuggingFace, HuggingFaceEmbeddings, HuggingFacePipeline
 
     from gpuprompt.models import resolve_chat_model, resolve_embedding_model
-    from gpuprompt.runtime import resolve_device
+    from gpuprompt._device import resolve_device
 
     device = resolve_device("auto")
     embeddings = HuggingFaceEmbeddings(

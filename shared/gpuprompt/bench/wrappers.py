@@ -26,7 +26,7 @@ def _li_stock_classes(max_tokens: int) -> tuple[Any, Any, Any]:
     from llama_index.vector_stores.faiss import FaissVectorStore
 
     from gpuprompt.models import resolve_chat_model, resolve_embedding_model
-    from gpuprompt.runtime import resolve_device
+    from gpuprompt._device import resolve_device
 
     device = resolve_device("auto")
     embed = HuggingFaceEmbedding(model_name=resolve_embedding_model(None), device=device)
@@ -147,7 +147,7 @@ def _lc_stock_retriever(documents: list[Any], k: int) -> Any:
     from langchain_huggingface import HuggingFaceEmbeddings
 
     from gpuprompt.models import resolve_embedding_model
-    from gpuprompt.runtime import resolve_device
+    from gpuprompt._device import resolve_device
 
     embeddings = HuggingFaceEmbeddings(
         model_name=resolve_embedding_model(None),

@@ -27,7 +27,7 @@ from gpuprompt.llm._config import LLMConfig
 from gpuprompt.llm._job import End, Failure, Job, Text
 from gpuprompt.llm._types import EngineStats, GenerationRequest, GenerationResult, StreamDelta
 from gpuprompt.models import BUNDLED_CHAT_MODEL, resolve_chat_model
-from gpuprompt.runtime import resolve_device
+from gpuprompt._device import resolve_device
 
 __all__ = ["LLMEngine"]
 

@@ -30,7 +30,7 @@ from gpuprompt.errors import (
 )
 from gpuprompt.llm._backend import Backend
 from gpuprompt.llm._job import Job
-from gpuprompt.runtime import default_dtype
+from gpuprompt._device import default_dtype
 
 __all__ = ["TransformersBackend"]
 
