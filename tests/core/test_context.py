@@ -147,12 +147,13 @@ async def test_async_api(embedder) -> None:
 @pytest.mark.parametrize(
     ("call", "error", "message"),
     [
-        (lambda c: c.append("", "user", "x"), InputTypeError, "'session_id' must be a non-empty str"),
+        (lambda c: c.append("", "user", "x"), InvalidInputError, "'session_id' must be a non-empty str"),
+        (lambda c: c.append(5, "user", "x"), InputTypeError, "'session_id' must be a str"),
         (lambda c: c.append("s", "robot", "x"), InvalidInputError, "'role' must be one of"),
         (lambda c: c.append("s", "user", None), InputTypeError, "'text' must be a str"),
         (lambda c: c.extend("s", [("user", "ok"), ("user",)]), InputTypeError, r"'turns\[1\]'"),
         (lambda c: c.window("s", max_turns=-1), InvalidInputError, "'max_turns' must be an int >= 0"),
-        (lambda c: c.window("s", query=5), InputTypeError, "'query' must be None or a str"),
+        (lambda c: c.window("s", query=5), InputTypeError, "'query' must be a str or None"),
     ],
 )
 def test_bad_input(embedder, call, error, message) -> None:
