@@ -33,7 +33,7 @@ def test_metrics_follow_traffic(http, embedder) -> None:
     assert http.post("/v1/embeddings", json={"input": texts}).status_code == 200  # cache hits now
     chat = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2, "temperature": 0}
     assert http.post("/v1/chat/completions", json=chat).status_code == 200
-    assert http.post("/v1/chat/completions", json={"messages": []}).status_code == 422
+    assert http.post("/v1/chat/completions", json={"messages": []}).status_code == 400
     after = _samples(http)
 
     def delta(name: str, **labels: str) -> float:
@@ -42,7 +42,7 @@ def test_metrics_follow_traffic(http, embedder) -> None:
 
     route = {"method": "POST", "route": "/v1/embeddings", "status": "200"}
     assert delta("gpuprompt_http_requests_total", **route) == 2
-    assert delta("gpuprompt_http_requests_total", method="POST", route="/v1/chat/completions", status="422") == 1
+    assert delta("gpuprompt_http_requests_total", method="POST", route="/v1/chat/completions", status="400") == 1
     assert delta("gpuprompt_http_request_duration_seconds_count", route="/v1/embeddings") == 2
     assert delta("gpuprompt_embedder_texts_total") == 6
     assert delta("gpuprompt_embedder_cache_hits_total") >= 3

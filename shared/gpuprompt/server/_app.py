@@ -22,11 +22,12 @@ from fastapi import FastAPI, Path, Request
 from fastapi.responses import Response, StreamingResponse
 from pydantic import BaseModel
 
-from gpuprompt.errors import ConfigurationError, InvalidInputError
+from gpuprompt._validate import INT64_MIN
+from gpuprompt.errors import ConfigurationError, ContextLengthError, InvalidInputError
 from gpuprompt.server import _schemas as s
 from gpuprompt.server._collections import COLLECTION_NAME_PATTERN, Collections
 from gpuprompt.server._config import ServerConfig
-from gpuprompt.server._errors import ApiError, error_event, install_error_handlers
+from gpuprompt.server._errors import ApiError, CatchAll, error_event, install_error_handlers
 from gpuprompt.server._gate import Gate
 from gpuprompt.server._metrics import CONTENT_TYPE_LATEST, Metrics
 
@@ -42,6 +43,7 @@ logger = logging.getLogger("gpuprompt.server")
 T = TypeVar("T")
 
 _INLINE_TOKEN_COUNT = 64  # count tokens on the loop thread only for this many texts
+_SEED_SPAN = 2**64  # per-choice seeds (seed + i) wrap around inside the int64 range
 _SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
@@ -86,6 +88,8 @@ class _Server:
             device=config.device,
             rag_k=config.rag_k,
             max_tokens=config.default_max_tokens,
+            max_collections=config.max_collections,
+            max_records=config.max_collection_records,
         )
         self.metrics = Metrics(
             embedder=lambda: self.embedder,
@@ -139,10 +143,14 @@ class _Server:
             {"role": "system" if m.role == "developer" else m.role, "content": m.text()} for m in body.messages
         ]
         response_format: dict[str, Any] | None = None
-        if body.response_format is not None and body.response_format.type != "text":
+        if body.response_format is not None and body.response_format.type == "json_object":
+            response_format = {"type": "json_object"}
+        elif body.response_format is not None and body.response_format.type == "json_schema":
             response_format = body.response_format.model_dump(by_alias=True, exclude_none=True)
         stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or ())
-        seed = body.seed + index if body.seed is not None else None
+        seed = None
+        if body.seed is not None:  # stays an int64 for every choice: (seed + i) wraps around
+            seed = (body.seed + index - INT64_MIN) % _SEED_SPAN + INT64_MIN
         return GenerationRequest(
             messages=messages,
             max_tokens=body.max_completion_tokens or body.max_tokens or self.config.default_max_tokens,
@@ -263,6 +271,8 @@ def create_app(
         "retry_after_s": config.retry_after_s,
         "metrics": server.metrics,
     }
+    # Innermost first: CatchAll sits inside the Gate, so the Gate counts its 500s.
+    app.add_middleware(CatchAll, retry_after_s=config.retry_after_s)  # type: ignore[arg-type]
     app.add_middleware(Gate, **gate_options)  # type: ignore[arg-type]
     _routes(app, server)
     return app
@@ -278,6 +288,7 @@ def _routes(app: FastAPI, server: _Server) -> None:  # noqa: C901 - one function
     config = server.config
     metrics = server.metrics
     name_path = Path(pattern=COLLECTION_NAME_PATTERN, description="the collection's name")
+    session_path = Path(min_length=1, max_length=s.MAX_NAME_LENGTH, description="the session's id")
 
     # ------------------------------------------------------------------ service
     @app.get("/health", response_model=s.HealthResponse, tags=["service"])
@@ -464,16 +475,19 @@ def _routes(app: FastAPI, server: _Server) -> None:  # noqa: C901 - one function
         collection = server.collections.get(name)
         if body.filter is not None:
             validate_filter(body.filter)
-        outcome = await _until_disconnect(
-            request,
-            collection.rag.aanswer(
-                collection.session_key(body.session_id),
-                body.question,
-                k=body.k,
-                filter=body.filter,
-                max_tokens=body.max_tokens,
-            ),
-        )
+        try:
+            outcome = await _until_disconnect(
+                request,
+                collection.rag.aanswer(
+                    collection.session_key(body.session_id),
+                    body.question,
+                    k=body.k,
+                    filter=body.filter,
+                    max_tokens=body.max_tokens,
+                ),
+            )
+        except ContextLengthError as exc:  # the field at fault here is the question, not 'messages'
+            raise ApiError(400, str(exc), param="question", code="context_length_exceeded") from exc
         if isinstance(outcome, Response):
             return outcome
         answer = outcome
@@ -501,7 +515,7 @@ def _routes(app: FastAPI, server: _Server) -> None:  # noqa: C901 - one function
         )
 
     @app.delete("/v1/collections/{name}/sessions/{session_id}", tags=["collections"])
-    async def clear_session(session_id: str, name: str = name_path) -> Response:
+    async def clear_session(session_id: str = session_path, name: str = name_path) -> Response:
         """Forget one conversation's history in a collection."""
         collection = server.collections.get(name)
         server.memory.clear(collection.session_key(session_id))
@@ -574,7 +588,7 @@ async def _stream_chat(
                             })
                         break
                     delta = await stream.__anext__()
-            except Exception as exc:  # headers are sent: report the failure in-band, as OpenAI does
+            except Exception as exc:  # noqa: BLE001 - headers are sent: report it in-band, as OpenAI does
                 yield _sse(error_event(exc, server.config.retry_after_s))
                 return
             finally:

@@ -43,6 +43,11 @@ class ServerConfig:
             loaded models (for tools with a fixed model name).
         preload: load both models at start-up, before the port opens, so the first request is
             not slow.
+        max_collections: most collections held at once; creating one more is refused (409,
+            ``collection_limit_reached``) until one is deleted. Each collection holds an index
+            (and, once searched, one search thread).
+        max_collection_records: most records in one collection; an upsert that would pass it is
+            refused (409, ``collection_full``) and stores nothing.
     """
 
     api_key: str | None = None
@@ -57,6 +62,8 @@ class ServerConfig:
     rag_k: int = 4
     strict_model_names: bool = True
     preload: bool = True
+    max_collections: int = 64
+    max_collection_records: int = 1_000_000
 
     def __post_init__(self) -> None:
         if self.api_key is not None and (not isinstance(self.api_key, str) or not self.api_key):
@@ -66,6 +73,8 @@ class ServerConfig:
         _int("retry_after_s", self.retry_after_s, 0)
         _int("default_max_tokens", self.default_max_tokens, 1)
         _int("rag_k", self.rag_k, 1)
+        _int("max_collections", self.max_collections, 0)
+        _int("max_collection_records", self.max_collection_records, 1)
         if self.llm_backend not in ("auto", "vllm", "transformers"):
             raise ConfigurationError(
                 f"'llm_backend' must be 'auto', 'vllm' or 'transformers' (got {describe(self.llm_backend)})."

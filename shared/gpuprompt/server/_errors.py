@@ -1,15 +1,27 @@
 """The one place where errors become HTTP responses, with OpenAI-style error bodies.
 
-Mapping::
+Mapping (every body is ``{"error": {"message", "type", "param", "code"}}``)::
 
-    InvalidInputError (FilterError, ContextLengthError, ...)  -> 400 invalid_request_error
-    ConfigurationError (a feature this deployment lacks)      -> 400 invalid_request_error
-    request validation (pydantic)                             -> 422, the message names the field
-    malformed JSON body                                       -> 400
-    QueueFullError                                            -> 429 + Retry-After
-    ClosedError, EngineDeadError                              -> 503
-    any other error                                           -> 500 (details logged, not sent)
-    ApiError (unknown model/collection 404, bad chat fields 400)  -> its own status
+    request validation (pydantic), any field       -> 400 invalid_request_error, code invalid_value,
+                                                      param = the field's path (OpenAI and vLLM answer
+                                                      400 here, not FastAPI's 422)
+    malformed JSON body, or not sent as JSON       -> 400 invalid_request_error, code invalid_json
+    InvalidInputError, ConfigurationError          -> 400 invalid_request_error, code invalid_value,
+                                                      param from the message's leading 'name'
+      FilterError                                  -> 400, param "filter", code invalid_filter
+      ContextLengthError                           -> 400, param "messages", code context_length_exceeded
+    QueueFullError                                 -> 429 rate_limit_error + Retry-After, code queue_full
+    ClosedError, EngineDeadError                   -> 503 server_error, code unavailable
+    other GPUPromptError (EngineError, ...)        -> 500 server_error, code = the class name
+    any other exception                            -> 500 server_error (details logged, not sent)
+    ApiError                                       -> its own status: 404 unknown model/collection/route,
+                                                      400 unsupported chat fields, 409 collection limits
+
+Every one of these keeps the client's keep-alive connection open: handled errors are answered by
+their handlers, and :class:`CatchAll` answers any exception that escapes the routes with a JSON
+500 instead of letting it reach uvicorn (which would close the connection). Only a failure after
+a response has started (a stream) still ends the connection, since the response cannot be
+completed.
 
 The gate middleware (``_gate.py``) answers before any handler runs: 401 (API key), 413 (body
 size) and 429 + Retry-After (too many requests in flight), with the same error body.
@@ -20,7 +32,7 @@ from __future__ import annotations
 import json
 import logging
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, MutableMapping, Sequence
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -39,11 +51,27 @@ from gpuprompt.errors import (
     QueueFullError,
 )
 
-__all__ = ["ApiError", "error_body", "error_response", "install_error_handlers", "validation_message"]
+__all__ = [
+    "ApiError",
+    "CatchAll",
+    "error_body",
+    "error_response",
+    "install_error_handlers",
+    "validation_message",
+]
 
 logger = logging.getLogger("gpuprompt.server")
 
 _PARAM_RE = re.compile(r"^'([A-Za-z_][\w.\[\]]*)'")
+# Core checks run by the schemas name their argument '$'; the renderer puts the field's path there.
+_CHECK_NAME_RE = re.compile(r"'\$(?=['.\[ ])")
+_PARSE_ERROR = "There was an error parsing the body"  # FastAPI's detail for a body json.loads refused
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 
 class ApiError(Exception):
@@ -77,9 +105,21 @@ class ApiError(Exception):
         self.headers = dict(headers or {})
 
 
+def _clean(text: str | None) -> str | None:
+    # Messages quote the request (a field path may hold a JSON key with a lone surrogate): escape
+    # what UTF-8 cannot encode, or rendering the error response would itself fail.
+    if text is None:
+        return None
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "backslashreplace").decode("utf-8")
+    return text
+
+
 def error_body(message: str, type: str, param: str | None = None, code: str | None = None) -> dict[str, Any]:
-    """The OpenAI error envelope ``{"error": {"message", "type", "param", "code"}}``."""
-    return {"error": {"message": message, "type": type, "param": param, "code": code}}
+    """The OpenAI error envelope ``{"error": {"message", "type", "param", "code"}}`` (always UTF-8 safe)."""
+    return {"error": {"message": _clean(message), "type": type, "param": _clean(param), "code": code}}
 
 
 def _param_of(message: str) -> str | None:
@@ -144,8 +184,30 @@ def _field_path(loc: Sequence[Any]) -> str:
     return path or "body"
 
 
+def _preview(value: Any, depth: int = 0) -> str:
+    """A short JSON-like rendering; bounded in depth and width, so hostile input cannot blow it up."""
+    if isinstance(value, str):
+        return repr(value[:80])
+    if value is None or isinstance(value, (bool, float)):
+        return json.dumps(value)
+    if isinstance(value, int):
+        # str() of an int past 4300 digits raises; such a value is only described by its size.
+        return str(value) if value.bit_length() < 256 else f"an int of {value.bit_length()} bits"
+    if isinstance(value, Mapping):
+        if depth >= 2:
+            return "{...}"
+        items = [f"{json.dumps(str(k)[:40])}: {_preview(v, depth + 1)}" for k, v in list(value.items())[:4]]
+        return "{" + ", ".join(items) + (", ..." if len(value) > 4 else "") + "}"
+    if isinstance(value, (list, tuple)):
+        if depth >= 2:
+            return "[...]"
+        items = [_preview(v, depth + 1) for v in value[:4]]
+        return "[" + ", ".join(items) + (", ..." if len(value) > 4 else "") + "]"
+    return type(value).__name__
+
+
 def _show(value: Any) -> str:
-    text = json.dumps(value, default=repr) if not isinstance(value, str) else repr(value)
+    text = _preview(value)
     if len(text) > 80:
         text = text[:77] + "..."
     kind = {dict: "an object", list: "a list", str: "a str", bool: "a bool", int: "an int", float: "a float"}
@@ -157,7 +219,7 @@ def validation_message(errors: Sequence[Mapping[str, Any]]) -> tuple[str, str | 
 
     Returns:
         ``(message, param, malformed_json)``: ``param`` is the first field at fault;
-        ``malformed_json`` is True when the body was not JSON at all (a 400, not a 422).
+        ``malformed_json`` is True when the body was not JSON at all.
     """
     if not errors:
         return "the request is invalid.", None, False
@@ -166,19 +228,27 @@ def validation_message(errors: Sequence[Mapping[str, Any]]) -> tuple[str, str | 
         ctx = first.get("ctx") or {}
         where = first.get("loc", ("body",))[-1]
         return (
-            f"the request body is not valid JSON ({ctx.get('error', 'decode error')} at character {where}); "
-            "send a JSON object with Content-Type: application/json.",
+            (
+                f"the request body is not valid JSON ({ctx.get('error', 'decode error')} at character {where}); "
+                "send a JSON object with Content-Type: application/json."
+            ),
             None,
             True,
         )
-    if tuple(first.get("loc", ())) == ("body",) and isinstance(first.get("input"), (bytes, str)):
+    if (
+        tuple(first.get("loc", ())) == ("body",)
+        and isinstance(first.get("input"), (bytes, str))
+        and first.get("type") != "string_unicode"
+    ):
         # FastAPI hands over the raw bytes when the Content-Type is not JSON.
         raw = first["input"]
         try:
             json.loads(raw)
             problem = "it was not sent as JSON"
-        except ValueError as exc:
+        except json.JSONDecodeError as exc:
             problem = f"it is not valid JSON ({exc.msg} at character {exc.pos})"
+        except (ValueError, RecursionError) as exc:  # not UTF-8, nested too deep, a huge int
+            problem = f"it is not readable JSON ({type(exc).__name__})"
         return (
             f"the request body must be a JSON object sent with Content-Type: application/json, but {problem}.",
             None,
@@ -192,7 +262,19 @@ def validation_message(errors: Sequence[Mapping[str, Any]]) -> tuple[str, str | 
             continue  # one line per field, even when several union members failed
         seen.add(path)
         msg = str(error.get("msg", "is invalid")).removeprefix("Value error, ")
-        if error.get("type") == "missing":
+        if error.get("type") == "string_unicode":
+            # pydantic could not read a str (or a key) holding a lone surrogate, e.g. from "\ud800".
+            where = "the request body" if path == "body" else f"'{path}'"
+            parts.append(
+                f"{where} must hold valid Unicode text only (got a lone surrogate in {_show(error.get('input'))}); "
+                "JSON escapes \\ud800-\\udfff must come in valid pairs."
+            )
+        elif error.get("type") == "value_error" and msg.startswith("'$"):
+            # A core check's message: name the field where the check named its argument '$'.
+            parts.append(_CHECK_NAME_RE.sub(lambda _, field=path: f"'{field}", msg))
+        elif error.get("type") == "value_error" and path == "body" and _param_of(msg):
+            parts.append(msg)  # a check across fields names its field itself: 'ids' must hold ...
+        elif error.get("type") == "missing":
             parts.append(f"'{path}' is required (got nothing).")
         elif path == "body" and error.get("type") in ("model_attributes_type", "dict_type"):
             parts.append(f"the request body must be a JSON object (got {_show(error.get('input'))}).")
@@ -202,7 +284,10 @@ def validation_message(errors: Sequence[Mapping[str, Any]]) -> tuple[str, str | 
             parts.append(f"'{path}': {msg}")
         if len(parts) == 5:
             break
-    return " ".join(parts), _field_path(first.get("loc", ())), False
+    param = _field_path(first.get("loc", ()))
+    if param == "body" and first.get("type") == "value_error":
+        param = _param_of(str(first.get("msg", "")).removeprefix("Value error, ")) or param
+    return " ".join(parts), param, False
 
 
 def install_error_handlers(app: FastAPI, retry_after_s: int) -> None:
@@ -212,17 +297,28 @@ def install_error_handlers(app: FastAPI, retry_after_s: int) -> None:
         message, param, malformed = validation_message(exc.errors())
         if malformed:
             return JSONResponse(error_body(message, "invalid_request_error", None, "invalid_json"), 400)
-        return JSONResponse(error_body(message, "invalid_request_error", param, "invalid_value"), 422)
+        return JSONResponse(error_body(message, "invalid_request_error", param, "invalid_value"), 400)
 
     async def on_http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        code = str(exc.status_code)
         if exc.status_code == 404:
             message = f"no route {request.method} {request.url.path}; see GET /docs for the API."
         elif exc.status_code == 405:
             message = f"method {request.method} is not allowed on {request.url.path}."
+        elif exc.status_code == 400 and exc.detail == _PARSE_ERROR:
+            # json.loads refused the body for a reason other than syntax: nesting past the
+            # recursion limit, an int of more than 4300 digits, or bytes that are not UTF-8.
+            cause = exc.__cause__
+            why = f"{type(cause).__name__}: {cause}" if cause is not None else "unreadable"
+            message = (
+                f"the request body could not be read as JSON ({why[:200]}); send UTF-8 JSON without "
+                "extreme nesting or numbers of thousands of digits."
+            )
+            code = "invalid_json"
         else:
             message = str(exc.detail)
         return JSONResponse(
-            error_body(message, "invalid_request_error", None, str(exc.status_code)),
+            error_body(message, "invalid_request_error", None, code),
             exc.status_code,
             headers=getattr(exc, "headers", None),
         )
@@ -234,4 +330,45 @@ def install_error_handlers(app: FastAPI, retry_after_s: int) -> None:
     app.add_exception_handler(StarletteHTTPException, on_http)  # type: ignore[arg-type]
     app.add_exception_handler(ApiError, on_error)
     app.add_exception_handler(GPUPromptError, on_error)
-    app.add_exception_handler(Exception, on_error)
+    # No handler for Exception: Starlette would run it in ServerErrorMiddleware, which re-raises
+    # after answering, and uvicorn then closes the connection. CatchAll answers instead.
+
+
+class CatchAll:
+    """Pure ASGI middleware: any exception that escapes the app becomes a JSON 500 (or the mapped
+    status of a core error), and the connection stays open for the client's next request.
+
+    Starlette's own last-resort handler re-raises after answering so that servers can log it; uvicorn
+    then closes the keep-alive connection of the client, which costs it a reconnect after every
+    server bug. Here the exception is logged and swallowed once a complete response is sent. A
+    failure after the response started (mid-stream) cannot be answered: it is re-raised, and the
+    connection ends, which is the only honest signal left.
+
+    Args:
+        app: the wrapped ASGI app.
+        retry_after_s: the ``Retry-After`` of a 429 produced by a core error.
+    """
+
+    def __init__(self, app: ASGIApp, *, retry_after_s: int = 1) -> None:
+        self.app = app
+        self.retry_after_s = retry_after_s
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def send_tracked(message: Message) -> None:
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_tracked)
+        except Exception as exc:
+            if started:
+                raise
+            response = error_response(exc, self.retry_after_s)
+            await response(scope, receive, send)

@@ -2,13 +2,33 @@
 
 The OpenAI-compatible requests ignore unknown fields (clients send ``user``, ``store``,
 ``presence_penalty``, ... that change nothing here); our own collection requests forbid them.
+
+Every request field is bounded here, at the boundary (rule 10): ints and floats have ranges the
+core and every backend accept (no NaN or infinity), every string must be well-formed Unicode (a
+JSON escape such as ``"\\ud800"`` decodes to a lone surrogate that no UTF-8 writer accepts), and
+free-form JSON (metadata, filters, schemas) goes through :func:`gpuprompt._validate.check_json`,
+which bounds its nesting and size. A request that passes these models cannot make the core fail
+with anything but its own typed errors.
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from collections.abc import Callable
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
+
+from gpuprompt._validate import (
+    INT64_MAX,
+    INT64_MIN,
+    MAX_DEPTH,
+    check_int,
+    check_json,
+    check_metadata,
+    check_number,
+    check_text,
+)
+from gpuprompt.batching import PRIORITY_MAX, PRIORITY_MIN, check_priority
 
 __all__ = [
     "AddDocumentsRequest",
@@ -16,11 +36,11 @@ __all__ = [
     "ChatCompletionRequest",
     "ChatCompletionResponse",
     "ChatMessage",
-    "DeleteDocumentsRequest",
     "CollectionChatRequest",
     "CollectionChatResponse",
     "CollectionInfo",
     "CollectionList",
+    "DeleteDocumentsRequest",
     "EmbeddingRequest",
     "EmbeddingResponse",
     "HealthResponse",
@@ -34,14 +54,99 @@ __all__ = [
 
 MAX_EMBEDDING_INPUTS = 2048
 """Most inputs per embeddings request (OpenAI's limit)."""
+MAX_DOCUMENTS_PER_REQUEST = 2048
+"""Most documents per upsert request: one request is one unit of embedding work, and a larger
+one could never fit the embedder's queue (it would get 429 for ever). Split bigger loads."""
+MAX_TOKENS_LIMIT = 2**31 - 1
+"""The largest ``max_tokens`` accepted (int32: what every engine backend takes); the engine
+still caps generation by the room left in the context window."""
+MAX_NAME_LENGTH = 256
+"""Longest session id or record id."""
+MAX_MODEL_NAME_LENGTH = 4096
+"""Longest ``model`` (a served model may be named by its local path)."""
+MAX_STOP = 16
+"""Most stop strings (OpenAI allows 4; vLLM more)."""
 
 
-class _OpenAIRequest(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+def _run(check: Callable[..., Any], **options: Any) -> Callable[[Any], Any]:
+    """Wrap one of the core's checks for pydantic (the rule lives once, in the core).
+
+    The check's message names the argument ``'$'`` (``'$' must be ...``); the server's error
+    renderer replaces that name with the request field's path.
+    """
+
+    def run(value: Any) -> Any:
+        return check(value, "$", **options)
+
+    run.__name__ = check.__name__
+    return run
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+def _core(check: Callable[..., Any], **options: Any) -> AfterValidator:
+    """A validator running a core check on the value pydantic parsed."""
+    return AfterValidator(_run(check, **options))
+
+
+def _int(low: int, high: int, check: Callable[..., Any] = check_int) -> Any:
+    """An int field in ``[low, high]``, checked by the core before pydantic's lax parsing: bools,
+    floats and numeric strings are refused (OpenAI refuses them too); the range shows in the
+    OpenAPI schema."""
+    options = {"min": low, "max": high} if check is check_int else {}
+    return Annotated[int, Field(ge=low, le=high), BeforeValidator(_run(check, **options))]
+
+
+def _number(low: float, high: float) -> Any:
+    """A finite float field in ``[low, high]`` (ints accepted; NaN, infinity, bools and strings refused)."""
+    return Annotated[float, Field(ge=low, le=high), BeforeValidator(_run(check_number, min=low, max=high))]
+
+
+def _json_object(value: dict[str, Any] | None) -> dict[str, Any] | None:
+    # A detached copy with bounded nesting and size, int64 ints, finite floats, clean strings.
+    return None if value is None else check_json(value, "$", max_depth=MAX_DEPTH)
+
+
+Text = Annotated[str, _core(check_text)]
+"""A well-formed Unicode string (no lone surrogates)."""
+Name = Annotated[str, Field(min_length=1, max_length=MAX_NAME_LENGTH), _core(check_text)]
+"""A non-empty, bounded, well-formed name."""
+ModelName = Annotated[str, Field(max_length=MAX_MODEL_NAME_LENGTH), _core(check_text)]
+"""The ``model`` field: a served model's id, last path segment or (non-strict) any name."""
+JSONObject = Annotated[dict[str, Any], AfterValidator(_json_object)]
+"""A JSON object (str keys) nested at most ``MAX_DEPTH`` deep, with int64 ints and finite floats."""
+Metadata = Annotated[dict[str, Any] | None, _core(check_metadata)]
+"""A record's metadata: a JSON object (``None`` becomes ``{}``)."""
+TokenCount = _int(1, MAX_TOKENS_LIMIT)
+"""A number of tokens to generate."""
+Seed = _int(INT64_MIN, INT64_MAX)
+"""A sampling seed: any int64 (OpenAI's range; torch and vLLM take it)."""
+Priority = _int(PRIORITY_MIN, PRIORITY_MAX, check_priority)
+"""A scheduling priority, lower first: the core's :data:`~gpuprompt.batching.PRIORITY_MIN` to
+:data:`~gpuprompt.batching.PRIORITY_MAX` (checked by :func:`~gpuprompt.batching.check_priority`)."""
+Choices = _int(1, 16)
+"""``n``: choices per chat completion."""
+QueryK = _int(1, 1000)
+"""Hits per collection query."""
+ChatK = _int(1, 100)
+"""Documents retrieved per collection chat turn."""
+Dimensions = _int(1, 2**16)
+"""An embedding dimension."""
+Temperature = _number(0.0, 2.0)
+"""OpenAI's sampling temperature range."""
+TopP = _number(0.0, 1.0)
+"""Nucleus sampling mass."""
+
+
+class _Request(BaseModel):
+    # NaN and infinity (JSON's NaN / Infinity / 1e999) are refused in every float field.
+    model_config = ConfigDict(allow_inf_nan=False)
+
+
+class _OpenAIRequest(_Request):
+    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
+
+
+class _Strict(_Request):
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
 # ---------------------------------------------------------------------- shared
@@ -80,15 +185,15 @@ class ModelList(BaseModel):
 class EmbeddingRequest(_OpenAIRequest):
     """``POST /v1/embeddings``."""
 
-    input: str | list[str] | list[int] | list[list[int]]
+    input: Text | list[Text] | list[int] | list[list[int]]
     """A text or a list of texts (token-id input is refused: the server has no client tokenizer)."""
-    model: str | None = None
+    model: ModelName | None = None
     """The embedding model (see ``GET /v1/models``); None for the served one."""
     encoding_format: Literal["float", "base64"] = "float"
     """``"float"`` lists, or ``"base64"`` of little-endian float32 bytes."""
-    dimensions: int | None = Field(default=None, ge=1)
+    dimensions: Dimensions | None = None
     """Must equal the model's dimension when given (no truncation)."""
-    user: str | None = None
+    user: Text | None = None
     """Ignored."""
 
     @field_validator("input")
@@ -127,9 +232,9 @@ class ChatMessage(_OpenAIRequest):
 
     role: Literal["system", "developer", "user", "assistant"]
     """Who said it. Tool messages are not supported."""
-    content: str | list[dict[str, Any]] | None = None
+    content: Text | list[JSONObject] | None = None
     """The text, or a list of ``{"type": "text", "text": ...}`` parts."""
-    name: str | None = None
+    name: Text | None = None
     """Ignored."""
 
     @field_validator("content")
@@ -137,9 +242,11 @@ class ChatMessage(_OpenAIRequest):
     def _text_parts(cls, value: Any) -> Any:
         if isinstance(value, list):
             for index, part in enumerate(value):
-                if part.get("type") != "text" or not isinstance(part.get("text"), str):
+                kind = part.get("type")
+                if kind != "text" or not isinstance(part.get("text"), str):
+                    shown = repr(kind) if isinstance(kind, str) and len(kind) <= 40 else type(kind).__name__
                     raise ValueError(
-                        f"part [{index}] must be {{'type': 'text', 'text': str}} (got type {part.get('type')!r}); "
+                        f"part [{index}] must be {{'type': 'text', 'text': str}} (got type {shown}); "
                         "this server takes text only"
                     )
         return value
@@ -163,8 +270,8 @@ class StreamOptions(_OpenAIRequest):
 class JSONSchemaSpec(_OpenAIRequest):
     """OpenAI's ``json_schema`` response format body."""
 
-    name: str | None = None
-    schema_: dict[str, Any] = Field(alias="schema")
+    name: Text | None = None
+    schema_: JSONObject = Field(alias="schema")
     strict: bool | None = None
 
 
@@ -184,23 +291,23 @@ class ResponseFormat(_OpenAIRequest):
 class ChatCompletionRequest(_OpenAIRequest):
     """``POST /v1/chat/completions``."""
 
-    model: str | None = None
+    model: ModelName | None = None
     """The chat model (see ``GET /v1/models``); None for the served one."""
     messages: list[ChatMessage] = Field(min_length=1)
     """The conversation so far."""
-    max_tokens: int | None = Field(default=None, ge=1)
+    max_tokens: TokenCount | None = None
     """Most tokens to generate (deprecated by OpenAI in favour of ``max_completion_tokens``)."""
-    max_completion_tokens: int | None = Field(default=None, ge=1)
+    max_completion_tokens: TokenCount | None = None
     """Most tokens to generate; wins over ``max_tokens``."""
-    temperature: float = Field(default=1.0, ge=0.0, le=2.0)
+    temperature: Temperature = 1.0
     """0 for greedy decoding."""
-    top_p: float = Field(default=1.0, ge=0.0, le=1.0)
+    top_p: TopP = 1.0
     """Nucleus sampling mass."""
-    stop: str | list[str] | None = None
-    """Up to 16 strings that end generation."""
-    seed: int | None = None
-    """Sampling seed."""
-    n: int = Field(default=1, ge=1, le=16)
+    stop: Annotated[Text, Field(min_length=1)] | list[Annotated[Text, Field(min_length=1)]] | None = None
+    """Up to 16 non-empty strings that end generation."""
+    seed: Seed | None = None
+    """Sampling seed (choice ``i`` of ``n`` uses ``seed + i``)."""
+    n: Choices = 1
     """Choices to generate (1 when streaming)."""
     stream: bool = False
     """Answer with server-sent events."""
@@ -208,18 +315,20 @@ class ChatCompletionRequest(_OpenAIRequest):
     """``{"include_usage": true}`` for a usage chunk at the end of a stream."""
     response_format: ResponseFormat | None = None
     """Constrain the output to JSON (guided decoding; needs the vLLM backend)."""
-    tools: list[dict[str, Any]] | None = None
+    tools: list[JSONObject] | None = None
     """Refused when non-empty: this server does not call tools."""
     logprobs: bool | None = None
     """Refused when true."""
-    priority: int = 0
+    user: Text | None = None
+    """Ignored."""
+    priority: Priority = 0
     """gpuprompt extension: lower is served first when the engine is busy."""
 
     @field_validator("stop")
     @classmethod
     def _stops(cls, value: Any) -> Any:
-        if isinstance(value, list) and len(value) > 16:
-            raise ValueError(f"must hold at most 16 strings (got {len(value)})")
+        if isinstance(value, list) and len(value) > MAX_STOP:
+            raise ValueError(f"must hold at most {MAX_STOP} strings (got {len(value)})")
         return value
 
 
@@ -268,22 +377,18 @@ class HitModel(BaseModel):
 class AddDocumentsRequest(_Strict):
     """``POST /v1/collections/{name}/documents``: upsert texts (embedded by the server)."""
 
-    documents: list[str] = Field(min_length=1)
-    """The texts."""
-    ids: list[str] | None = None
+    documents: list[Text] = Field(min_length=1, max_length=MAX_DOCUMENTS_PER_REQUEST)
+    """The texts (at most ``MAX_DOCUMENTS_PER_REQUEST`` per request)."""
+    ids: list[Name] | None = None
     """One id per text (an existing id is replaced); None generates ids."""
-    metadatas: list[dict[str, Any] | None] | None = None
-    """One metadata object per text (JSON values), or None."""
+    metadatas: list[Metadata] | None = None
+    """One metadata object per text (JSON values, nested at most ``MAX_DEPTH`` deep), or None."""
 
     @field_validator("ids")
     @classmethod
     def _ids(cls, value: list[str] | None) -> list[str] | None:
-        if value is not None:
-            for index, item in enumerate(value):
-                if not item:
-                    raise ValueError(f"ids[{index}] must be a non-empty str (got '')")
-            if len(set(value)) != len(value):
-                raise ValueError("must not repeat an id within one request")
+        if value is not None and len(set(value)) != len(value):
+            raise ValueError("must not repeat an id within one request")
         return value
 
     @model_validator(mode="after")
@@ -311,18 +416,18 @@ class AddDocumentsResponse(BaseModel):
 class DeleteDocumentsRequest(_Strict):
     """``POST /v1/collections/{name}/documents/delete``: delete records by id."""
 
-    ids: list[str] = Field(min_length=1)
+    ids: list[Name] = Field(min_length=1)
     """The ids to delete; unknown ids are ignored."""
 
 
 class QueryRequest(_Strict):
     """``POST /v1/collections/{name}/query``: similarity search."""
 
-    query: str = Field(min_length=1)
+    query: Annotated[Text, Field(min_length=1)]
     """The query text."""
-    k: int = Field(default=4, ge=1, le=1000)
+    k: QueryK = 4
     """Most hits."""
-    filter: dict[str, Any] | None = None
+    filter: JSONObject | None = None
     """A metadata filter in the core's language, e.g. ``{"price": {"$lt": 100}}``."""
 
 
@@ -338,15 +443,15 @@ class QueryResponse(BaseModel):
 class CollectionChatRequest(_Strict):
     """``POST /v1/collections/{name}/chat``: one RAG turn in a session."""
 
-    session_id: str = Field(min_length=1, max_length=256)
+    session_id: Name
     """The conversation; its earlier turns are remembered by the server."""
-    question: str = Field(min_length=1)
+    question: Annotated[Text, Field(min_length=1)]
     """The user's message."""
-    k: int | None = Field(default=None, ge=1, le=100)
+    k: ChatK | None = None
     """Documents retrieved (default: the server's ``rag_k``)."""
-    filter: dict[str, Any] | None = None
+    filter: JSONObject | None = None
     """A metadata filter for the retrieval."""
-    max_tokens: int | None = Field(default=None, ge=1)
+    max_tokens: TokenCount | None = None
     """Most tokens in the answer."""
 
 

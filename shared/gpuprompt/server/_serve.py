@@ -27,6 +27,8 @@ def serve(
     max_in_flight: int = ServerConfig.max_in_flight,
     default_max_tokens: int = ServerConfig.default_max_tokens,
     strict_model_names: bool = True,
+    max_collections: int = ServerConfig.max_collections,
+    max_collection_records: int = ServerConfig.max_collection_records,
     graceful_timeout_s: float | None = 60.0,
     log_level: str = "info",
 ) -> int:
@@ -50,6 +52,8 @@ def serve(
         max_in_flight: most concurrent model requests (429 with ``Retry-After`` beyond).
         default_max_tokens: tokens generated when a request names no ``max_tokens``.
         strict_model_names: 404 for a ``model`` that does not name the endpoint's served model.
+        max_collections: most collections held at once (409 beyond).
+        max_collection_records: most records per collection (409 beyond).
         graceful_timeout_s: how long SIGTERM waits for in-flight requests; None waits for ever.
         log_level: uvicorn's log level.
 
@@ -71,6 +75,8 @@ def serve(
         max_in_flight=max_in_flight,
         default_max_tokens=default_max_tokens,
         strict_model_names=strict_model_names,
+        max_collections=max_collections,
+        max_collection_records=max_collection_records,
     )
     app = create_app(config)
     server = uvicorn.Server(
