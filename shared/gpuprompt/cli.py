@@ -89,6 +89,8 @@ def _serve(args: argparse.Namespace) -> int:
         "max_body_bytes": args.max_body_bytes,
         "max_in_flight": args.max_in_flight,
         "default_max_tokens": args.default_max_tokens,
+        "max_collections": args.max_collections,
+        "max_collection_records": args.max_collection_records,
         "graceful_timeout_s": args.graceful_timeout,
         "log_level": args.log_level,
     }
@@ -142,6 +144,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--max-body-bytes", type=int, help="larger bodies get 413 (default 16 MiB)")
     serve.add_argument("--max-in-flight", type=int, help="more concurrent model requests get 429 (default 1024)")
     serve.add_argument("--default-max-tokens", type=int, help="when a request names none (default 512)")
+    serve.add_argument("--max-collections", type=int, help="most vector collections; more get 409 (default 64)")
+    serve.add_argument("--max-collection-records", type=int,
+                       help="most records in one collection; more get 409 (default 1,000,000)")
     serve.add_argument("--any-model-name", action="store_true", help="accept any 'model' name (no 404)")
     serve.add_argument("--graceful-timeout", type=float, help="seconds to drain on SIGTERM (default 60)")
     serve.add_argument("--log-level", help="uvicorn log level (default info)")

@@ -416,6 +416,12 @@ class Embedder:
         return self
 
     # ------------------------------------------------------------------ the batch function
+    async def aload(self) -> Embedder:
+        """Async :meth:`load`: loads on a worker thread, never on the caller's event loop."""
+        if self._model is None:
+            await asyncio.to_thread(self.load)
+        return self
+
     def _run_batch(self, items: list[_Item]) -> list[Any]:
         import torch
 
@@ -589,8 +595,7 @@ class Embedder:
         """
         texts = validate_texts(texts)
         priority = check_priority(priority)
-        if self._model is None:
-            await asyncio.to_thread(self.load)
+        await self.aload()
         if not texts:
             return await asyncio.to_thread(self.embed_tensor, [])
         if len(texts) > _ASYNC_INLINE_LIMIT:

@@ -12,6 +12,7 @@ Each message says what was wrong, what was got, and how to fix it. The tree::
     ├── DependencyError (ImportError)          optional package missing (names the install command)
     ├── ModelLoadError                         a model could not be found, converted or loaded
     ├── QueueFullError                         backpressure: a bounded queue is full, retry later
+    ├── RequestTimeoutError (TimeoutError)     a request took longer than its timeout; it was aborted
     ├── ClosedError                            the batcher / engine / runtime was closed
     ├── EngineError                            the inference backend failed
     │   └── EngineDeadError                    the backend died; every pending request gets this
@@ -40,6 +41,7 @@ __all__ = [
     "InvalidInputError",
     "ModelLoadError",
     "QueueFullError",
+    "RequestTimeoutError",
     "SnapshotError",
     "describe",
 ]
@@ -105,6 +107,10 @@ class ModelLoadError(GPUPromptError):
 
 class QueueFullError(GPUPromptError):
     """A bounded request queue is full. Retry later or raise ``max_queue``."""
+
+
+class RequestTimeoutError(GPUPromptError, TimeoutError):
+    """A request took longer than its ``timeout``; it was aborted (nothing keeps running for it)."""
 
 
 class ClosedError(GPUPromptError):

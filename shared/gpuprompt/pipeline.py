@@ -7,12 +7,12 @@ turn, and the session's history embeddings are never recomputed.
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from gpuprompt._bridge import run_sync
 from gpuprompt._validate import check_int, check_number, check_str, check_text
 from gpuprompt.batching import check_priority
 from gpuprompt.errors import ConfigurationError, InputTypeError, describe
@@ -241,17 +241,11 @@ class RAGPipeline:
         max_tokens: int | None = None,
         priority: int = 0,
     ) -> RAGAnswer:
-        """Sync :meth:`aanswer`; works from any thread, with or without an event loop of its own."""
-        coroutine = self.aanswer(session_id, question, k=k, filter=filter, max_tokens=max_tokens, priority=priority)
-        try:
-            asyncio.get_running_loop()
-        except RuntimeError:
-            return asyncio.run(coroutine)
-        # Called from inside a running loop (a notebook, say): run on a private loop in a thread.
-        from concurrent.futures import ThreadPoolExecutor
-
-        with ThreadPoolExecutor(1) as pool:
-            return pool.submit(asyncio.run, coroutine).result()
+        """Sync :meth:`aanswer`; works from any thread, with or without an event loop of its own
+        (the work runs on gpuprompt's one background loop, :mod:`gpuprompt._bridge`)."""
+        return run_sync(
+            self.aanswer(session_id, question, k=k, filter=filter, max_tokens=max_tokens, priority=priority)
+        )
 
 
 def _check_text(name: str, value: Any) -> None:

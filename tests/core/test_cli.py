@@ -58,6 +58,7 @@ def test_console_script_help() -> None:
     out = subprocess.run([sys.executable, "-m", "gpuprompt.cli", "serve", "--help"], capture_output=True,
                          text=True, check=True).stdout
     assert "--llm-backend" in out and "--api-key" in out
+    assert "--max-collections" in out and "--max-collection-records" in out
 
 
 def test_load_helpers_keep_order_and_bound_concurrency() -> None:

@@ -7,9 +7,11 @@ from __future__ import annotations
 
 from gpuprompt.llm._config import LLMConfig
 from gpuprompt.llm._engine import LLMEngine
+from gpuprompt.llm._policy import CallPolicy
 from gpuprompt.llm._types import EngineStats, GenerationRequest, GenerationResult, StreamDelta, Timings, Usage
 
 __all__ = [
+    "CallPolicy",
     "EngineStats",
     "GenerationRequest",
     "GenerationResult",

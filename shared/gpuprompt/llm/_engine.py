@@ -19,15 +19,17 @@ from gpuprompt.errors import (
     GPUPromptError,
     InputTypeError,
     ModelLoadError,
+    RequestTimeoutError,
     describe,
 )
 from gpuprompt.llm._backend import Backend
 from gpuprompt.llm._chat import ChatFormatter, Prepared
 from gpuprompt.llm._config import LLMConfig
 from gpuprompt.llm._job import End, Failure, Job, Text
+from gpuprompt.llm._policy import CallPolicy
 from gpuprompt.llm._types import EngineStats, GenerationRequest, GenerationResult, StreamDelta
-from gpuprompt.models import BUNDLED_CHAT_MODEL, resolve_chat_model
 from gpuprompt._device import resolve_device
+from gpuprompt.models import BUNDLED_CHAT_MODEL, resolve_chat_model
 
 __all__ = ["LLMEngine"]
 
@@ -184,6 +186,12 @@ class LLMEngine:
                 self._backend = self._start_backend(formatter.context_window)
         return self
 
+    async def aload(self) -> LLMEngine:
+        """Async :meth:`load`: loads on a worker thread, never on the caller's event loop."""
+        if self._backend is None:
+            await asyncio.to_thread(self.load)
+        return self
+
     def _start_backend(self, window: int) -> Backend:
         from gpuprompt.llm._transformers import TransformersBackend
         from gpuprompt.llm._vllm import VLLMBackend, vllm_available
@@ -253,8 +261,7 @@ class LLMEngine:
         return self._ensure_formatter().prepare(request)
 
     async def _aprepare(self, request: Any) -> Prepared:
-        if self._backend is None:
-            await asyncio.to_thread(self.load)
+        await self.aload()
         if isinstance(request, GenerationRequest) and _size(request) > _ASYNC_INLINE_CHARS:
             return await asyncio.to_thread(self._prepare, request)
         return self._prepare(request)
@@ -313,7 +320,9 @@ class LLMEngine:
                 raise event.error
 
     # ------------------------------------------------------------------ public API
-    def generate(self, requests: Sequence[GenerationRequest]) -> list[GenerationResult]:
+    def generate(
+        self, requests: Sequence[GenerationRequest], *, timeout: float | None = None, max_retries: int = 0
+    ) -> list[GenerationResult]:
         """Generate for several requests at once (they are batched together); blocks the calling
         thread, which needs no event loop.
 
@@ -322,6 +331,10 @@ class LLMEngine:
 
         Args:
             requests: a list of :class:`GenerationRequest`.
+            timeout: most seconds per request (None: no limit); a late request is aborted and
+                raises ``RequestTimeoutError``.
+            max_retries: further attempts after ``QueueFullError`` or a transient engine error
+                (see :class:`~gpuprompt.llm.CallPolicy`).
 
         Returns:
             One :class:`GenerationResult` per request, in order.
@@ -331,7 +344,9 @@ class LLMEngine:
             ContextLengthError: a prompt does not fit the context window (and ``truncate="error"``).
             ConfigurationError: ``response_format`` on a backend without guided decoding.
             EngineError: the backend failed (the other requests are cancelled).
+            RequestTimeoutError: a request took longer than ``timeout``.
         """
+        policy = CallPolicy(timeout=timeout, max_retries=max_retries)
         if isinstance(requests, GenerationRequest):
             raise InputTypeError(
                 "'requests' must be a list of GenerationRequest, got a bare GenerationRequest; wrap it in a "
@@ -344,6 +359,15 @@ class LLMEngine:
                 raise InputTypeError(f"'requests[{index}]' must be a GenerationRequest (got {describe(request)}).")
         if not requests:
             return []
+        if policy.timeout is not None:
+            from gpuprompt._bridge import run_sync
+
+            return run_sync(self._agenerate_all(list(requests), policy))
+        if policy.max_retries:
+            return policy.run_blocking(lambda: self._generate_once(list(requests)))
+        return self._generate_once(list(requests))
+
+    def _generate_once(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
         prepared = [self._prepare(request) for request in requests]
         jobs = [self._new_job(p) for p in prepared]
         self._submit(jobs)
@@ -353,17 +377,42 @@ class LLMEngine:
             for job in jobs:
                 job.cancel()
 
-    async def agenerate(self, request: GenerationRequest) -> GenerationResult:
+    async def _agenerate_all(self, requests: list[GenerationRequest], policy: CallPolicy) -> list[GenerationResult]:
+        for request in requests:  # validate and fit every request before any is queued
+            self._prepare(request)
+        tasks = [asyncio.ensure_future(policy.run(lambda r=r: self._agenerate_once(r))) for r in requests]
+        try:
+            return list(await asyncio.gather(*tasks))
+        finally:
+            for task in tasks:
+                task.cancel()
+
+    async def agenerate(
+        self, request: GenerationRequest, *, timeout: float | None = None, max_retries: int = 0
+    ) -> GenerationResult:
         """Generate for one request without blocking the event loop; concurrent calls are batched.
 
         Cancelling the awaiting task aborts the request inside the backend.
+
+        Args:
+            request: the request.
+            timeout: most seconds (None: no limit); a late request is aborted and raises
+                ``RequestTimeoutError``.
+            max_retries: further attempts after ``QueueFullError`` or a transient engine error.
 
         Raises:
             InputTypeError: ``request`` is not a GenerationRequest.
             ContextLengthError: the prompt does not fit the context window.
             ConfigurationError: ``response_format`` on a backend without guided decoding.
             EngineError: the backend failed.
+            RequestTimeoutError: the request took longer than ``timeout``.
         """
+        policy = CallPolicy(timeout=timeout, max_retries=max_retries)
+        if policy.trivial:
+            return await self._agenerate_once(request)
+        return await policy.run(lambda: self._agenerate_once(request))
+
+    async def _agenerate_once(self, request: GenerationRequest) -> GenerationResult:
         prepared = await self._aprepare(request)
         job = self._new_job(prepared)
         self._submit([job], from_coroutine=True)
@@ -372,22 +421,34 @@ class LLMEngine:
         finally:
             job.cancel()
 
-    async def astream(self, request: GenerationRequest) -> AsyncIterator[StreamDelta]:
+    async def astream(self, request: GenerationRequest, *, timeout: float | None = None) -> AsyncIterator[StreamDelta]:
         """Stream one request's text as it is generated, without blocking the event loop.
 
         The last delta carries ``finish_reason`` and ``usage``. Closing the iterator early (or
         cancelling the consuming task) aborts the request inside the backend; use
         ``contextlib.aclosing`` to close it promptly when breaking out of the loop.
 
+        Args:
+            request: the request.
+            timeout: most seconds for the whole reply; then the request is aborted and
+                ``RequestTimeoutError`` raised (streams are not retried: text was already sent).
+
         Raises:
             The same errors as :meth:`agenerate`.
         """
+        deadline = _deadline(timeout)
         prepared = await self._aprepare(request)
         job = self._new_job(prepared)
         self._submit([job], from_coroutine=True)
         try:
             while True:
-                event = await job.anext_event()
+                if deadline is None:
+                    event = await job.anext_event()
+                else:
+                    try:
+                        event = await asyncio.wait_for(job.anext_event(), max(0.0, deadline - _now()))
+                    except asyncio.TimeoutError:
+                        raise _timed_out(timeout) from None
                 if isinstance(event, Text):
                     yield StreamDelta(event.text)
                 elif isinstance(event, End):
@@ -399,23 +460,37 @@ class LLMEngine:
         finally:
             job.cancel()
 
-    def stream(self, request: GenerationRequest) -> Iterator[StreamDelta]:
+    def stream(self, request: GenerationRequest, *, timeout: float | None = None) -> Iterator[StreamDelta]:
         """Sync :meth:`astream`: works on any thread, needs no event loop. Closing the iterator
         early aborts the request.
+
+        Args:
+            request: the request.
+            timeout: most seconds for the whole reply (see :meth:`astream`).
 
         Raises:
             The same errors as :meth:`generate`.
         """
+        deadline = _deadline(timeout)
         prepared = self._prepare(request)
         job = self._new_job(prepared)
         self._submit([job])
-        return self._iterate(job)
+        return self._iterate(job, deadline, timeout)
 
     @staticmethod
-    def _iterate(job: Job) -> Iterator[StreamDelta]:
+    def _iterate(job: Job, deadline: float | None, timeout: float | None) -> Iterator[StreamDelta]:
         try:
             while True:
-                event = job.next_event()
+                if deadline is None:
+                    event = job.next_event()
+                else:
+                    remaining = deadline - _now()
+                    if remaining <= 0:
+                        raise _timed_out(timeout)
+                    try:
+                        event = job.next_event(remaining)
+                    except TimeoutError:
+                        raise _timed_out(timeout) from None
                 if isinstance(event, Text):
                     yield StreamDelta(event.text)
                 elif isinstance(event, End):
@@ -460,6 +535,23 @@ class LLMEngine:
 
     def __exit__(self, *exc_info: Any) -> None:
         self.close()
+
+
+def _now() -> float:
+    import time
+
+    return time.monotonic()
+
+
+def _deadline(timeout: float | None) -> float | None:
+    policy = CallPolicy(timeout=timeout)
+    return None if policy.timeout is None else _now() + policy.timeout
+
+
+def _timed_out(timeout: float | None) -> RequestTimeoutError:
+    return RequestTimeoutError(
+        f"the reply took longer than timeout={timeout:g} s and was aborted; raise the timeout or lower max_tokens."
+    )
 
 
 def _size(request: GenerationRequest) -> int:
