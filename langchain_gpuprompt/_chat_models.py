@@ -7,14 +7,11 @@ messages; batching, streaming, stop strings, cancellation and guided decoding li
 from __future__ import annotations
 
 import asyncio
-import contextvars
 import json
-import threading
-import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Coroutine, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from operator import itemgetter
-from typing import TYPE_CHECKING, Any, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, Literal
 
 from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
 from langchain_core.language_models import BaseChatModel, LanguageModelInput
@@ -38,23 +35,14 @@ from langchain_core.utils.function_calling import convert_to_json_schema, conver
 from langchain_core.utils.pydantic import is_basemodel_subclass
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
-from gpuprompt.errors import (
-    ConfigurationError,
-    EngineDeadError,
-    EngineError,
-    InputTypeError,
-    InvalidInputError,
-    QueueFullError,
-    describe,
-)
+from gpuprompt._bridge import run_sync
+from gpuprompt.errors import ConfigurationError, InputTypeError, InvalidInputError, describe
 from gpuprompt.models import BUNDLED_CHAT_MODEL
 
 if TYPE_CHECKING:
     from gpuprompt.llm import GenerationRequest, GenerationResult, LLMEngine, StreamDelta, Usage
 
 __all__ = ["ChatGPUPrompt"]
-
-T = TypeVar("T")
 
 _ANSWER_TOOL = "__answer__"
 """The pseudo-tool a model under ``tool_choice="auto"`` picks to reply in prose instead."""
@@ -310,10 +298,7 @@ class ChatGPUPrompt(BaseChatModel):
         request, model, timeout, tool_mode = self._prepare(messages, stop, kwargs)
         engine = self._get_engine(model)
         self._check_backend(engine, request)
-        if timeout is None:
-            result = self._retrying(lambda: engine.generate([request])[0])
-        else:
-            result = self._retrying(lambda: _run_sync(_with_timeout(engine.agenerate(request), timeout)))
+        [result] = engine.generate([request], timeout=timeout, max_retries=self.max_retries)
         return _chat_result(result, tool_mode)
 
     async def _agenerate(
@@ -326,7 +311,7 @@ class ChatGPUPrompt(BaseChatModel):
         request, model, timeout, tool_mode = self._prepare(messages, stop, kwargs)
         engine = await self._aget_engine(model)
         self._check_backend(engine, request)
-        result = await self._aretrying(lambda: _with_timeout(engine.agenerate(request), timeout))
+        result = await engine.agenerate(request, timeout=timeout, max_retries=self.max_retries)
         return _chat_result(result, tool_mode)
 
     def _stream(
@@ -339,15 +324,10 @@ class ChatGPUPrompt(BaseChatModel):
         request, model, timeout, tool_mode = self._prepare(messages, stop, kwargs)
         engine = self._get_engine(model)
         self._check_backend(engine, request)
-        deadline = None if timeout is None else time.monotonic() + timeout
-        deltas = engine.stream(request)
+        deltas = engine.stream(request, timeout=timeout)
         try:
             pieces: list[str] = []
             for delta in deltas:
-                if deadline is not None and time.monotonic() > deadline:
-                    raise TimeoutError(
-                        f"ChatGPUPrompt: the reply took longer than timeout={timeout} s; it was aborted."
-                    )
                 chunk = _delta_chunk(delta, engine.model_name, tool_mode, pieces)
                 if chunk is not None:
                     yield chunk  # BaseChatModel reports each chunk to the callbacks
@@ -366,20 +346,14 @@ class ChatGPUPrompt(BaseChatModel):
         request, model, timeout, tool_mode = self._prepare(messages, stop, kwargs)
         engine = await self._aget_engine(model)
         self._check_backend(engine, request)
-        deadline = None if timeout is None else time.monotonic() + timeout
-        deltas = engine.astream(request).__aiter__()
+        deltas = engine.astream(request, timeout=timeout).__aiter__()
         try:
             pieces: list[str] = []
             while True:
-                remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
                 try:
-                    delta = await asyncio.wait_for(deltas.__anext__(), remaining)
+                    delta = await deltas.__anext__()
                 except StopAsyncIteration:
                     break
-                except asyncio.TimeoutError as exc:
-                    raise TimeoutError(
-                        f"ChatGPUPrompt: the reply took longer than timeout={timeout} s; it was aborted."
-                    ) from exc
                 chunk = _delta_chunk(delta, engine.model_name, tool_mode, pieces)
                 if chunk is not None:
                     yield chunk  # BaseChatModel reports each chunk to the callbacks
@@ -404,28 +378,7 @@ class ChatGPUPrompt(BaseChatModel):
         """
         if not inputs:
             return []
-        return _run_sync(self.abatch(inputs, config, return_exceptions=return_exceptions, **kwargs))
-
-    # ------------------------------------------------------------------ retries
-    def _retrying(self, call: Callable[[], T]) -> T:
-        for attempt in range(self.max_retries + 1):
-            try:
-                return call()
-            except (QueueFullError, EngineError) as exc:
-                if isinstance(exc, EngineDeadError) or attempt == self.max_retries:
-                    raise
-                time.sleep(0.05 * 2**attempt)
-        raise AssertionError("unreachable")  # pragma: no cover
-
-    async def _aretrying(self, call: Callable[[], Coroutine[Any, Any, T]]) -> T:
-        for attempt in range(self.max_retries + 1):
-            try:
-                return await call()
-            except (QueueFullError, EngineError) as exc:
-                if isinstance(exc, EngineDeadError) or attempt == self.max_retries:
-                    raise
-                await asyncio.sleep(0.05 * 2**attempt)
-        raise AssertionError("unreachable")  # pragma: no cover
+        return run_sync(self.abatch(inputs, config, return_exceptions=return_exceptions, **kwargs))
 
     # ------------------------------------------------------------------ tools and structured output
     def bind_tools(
@@ -707,36 +660,3 @@ def _json_schema(schema: dict[str, Any] | type) -> dict[str, Any]:
     if "parameters" in converted and "properties" not in converted:
         return dict(converted["parameters"])  # an OpenAI function dict
     return converted
-
-
-# ---------------------------------------------------------------------- sync bridge
-async def _with_timeout(awaitable: Coroutine[Any, Any, T], timeout: float | None) -> T:
-    if timeout is None:
-        return await awaitable
-    try:
-        return await asyncio.wait_for(awaitable, timeout)
-    except asyncio.TimeoutError as exc:
-        raise TimeoutError(f"ChatGPUPrompt: the reply took longer than timeout={timeout} s; it was aborted.") from exc
-
-
-def _run_sync(coroutine: Coroutine[Any, Any, T]) -> T:
-    """Run ``coroutine`` to completion on a private event loop in a helper thread.
-
-    Works whether or not the calling thread runs an event loop of its own (which is never used),
-    and keeps the caller's context variables (tracing parents, config).
-    """
-    outcome: dict[str, Any] = {}
-    context = contextvars.copy_context()
-
-    def runner() -> None:
-        try:
-            outcome["value"] = context.run(asyncio.run, coroutine)
-        except BaseException as exc:  # handed to the caller below
-            outcome["error"] = exc
-
-    thread = threading.Thread(target=runner, name="gpuprompt-langchain-sync", daemon=True)
-    thread.start()
-    thread.join()
-    if "error" in outcome:
-        raise outcome["error"]
-    return outcome["value"]

@@ -168,6 +168,12 @@ class GPUPromptLLM(LLM):
     truncate: Literal["error", "left"] = Field(
         default="error", description="Too-long chats: 'error' raises, 'left' drops the oldest turns."
     )
+    timeout: float | None = Field(
+        default=None, description="Seconds a request may take before it is aborted (RequestTimeoutError)."
+    )
+    max_retries: int = Field(
+        default=2, ge=0, description="Retries after a transient engine failure (a full queue), not bad input."
+    )
 
     _engine: LLMEngine | None = PrivateAttr(default=None)
 
@@ -297,7 +303,7 @@ class GPUPromptLLM(LLM):
             ContextLengthError: the chat does not fit the context window (with truncate="error").
         """
         request = self._request(messages=messages, **kwargs)
-        [result] = self.engine.generate([request])
+        [result] = self.engine.generate([request], timeout=self.timeout, max_retries=self.max_retries)
         return self._chat_response(result)
 
     @_validated(_check_messages)
@@ -305,7 +311,7 @@ class GPUPromptLLM(LLM):
     async def achat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponse:
         """Async :meth:`chat`: awaits the engine; concurrent calls are generated in one batch."""
         request = self._request(messages=messages, **kwargs)
-        result = await self.engine.agenerate(request)
+        result = await self.engine.agenerate(request, timeout=self.timeout, max_retries=self.max_retries)
         return self._chat_response(result)
 
     @_validated(_check_messages)
@@ -313,7 +319,7 @@ class GPUPromptLLM(LLM):
     def stream_chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponseGen:
         """Stream the reply; each response holds the text so far and the new ``delta``."""
         request = self._request(messages=messages, **kwargs)
-        stream = self.engine.stream(request)
+        stream = self.engine.stream(request, timeout=self.timeout)
 
         def gen() -> ChatResponseGen:
             text = ""
@@ -329,11 +335,11 @@ class GPUPromptLLM(LLM):
     async def astream_chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponseAsyncGen:
         """Async :meth:`stream_chat`; closing the generator early aborts the request in the engine."""
         request = self._request(messages=messages, **kwargs)
-        engine = self.engine
+        engine, timeout = self.engine, self.timeout
 
         async def gen() -> ChatResponseAsyncGen:
             text = ""
-            async with contextlib.aclosing(engine.astream(request)) as stream:
+            async with contextlib.aclosing(engine.astream(request, timeout=timeout)) as stream:
                 async for delta in stream:
                     text += delta.text
                     yield _chat_chunk(text, delta)
@@ -346,7 +352,7 @@ class GPUPromptLLM(LLM):
     def complete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponse:
         """Complete ``prompt``: as a user message through the chat template, or raw when ``formatted``."""
         request = self._complete_request(prompt, formatted, kwargs)
-        [result] = self.engine.generate([request])
+        [result] = self.engine.generate([request], timeout=self.timeout, max_retries=self.max_retries)
         return self._completion_response(result)
 
     @_validated(_check_prompt)
@@ -354,7 +360,7 @@ class GPUPromptLLM(LLM):
     async def acomplete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponse:
         """Async :meth:`complete`: awaits the engine; concurrent calls are generated in one batch."""
         request = self._complete_request(prompt, formatted, kwargs)
-        result = await self.engine.agenerate(request)
+        result = await self.engine.agenerate(request, timeout=self.timeout, max_retries=self.max_retries)
         return self._completion_response(result)
 
     @_validated(_check_prompt)
@@ -362,7 +368,7 @@ class GPUPromptLLM(LLM):
     def stream_complete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponseGen:
         """Stream a completion; each response holds the text so far and the new ``delta``."""
         request = self._complete_request(prompt, formatted, kwargs)
-        stream = self.engine.stream(request)
+        stream = self.engine.stream(request, timeout=self.timeout)
 
         def gen() -> CompletionResponseGen:
             text = ""
@@ -380,11 +386,11 @@ class GPUPromptLLM(LLM):
     async def astream_complete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponseAsyncGen:
         """Async :meth:`stream_complete`; closing the generator early aborts the request."""
         request = self._complete_request(prompt, formatted, kwargs)
-        engine = self.engine
+        engine, timeout = self.engine, self.timeout
 
         async def gen() -> CompletionResponseAsyncGen:
             text = ""
-            async with contextlib.aclosing(engine.astream(request)) as stream:
+            async with contextlib.aclosing(engine.astream(request, timeout=timeout)) as stream:
                 async for delta in stream:
                     text += delta.text
                     extra = _usage_dict(delta.usage)
@@ -444,6 +450,7 @@ class GPUPromptLLM(LLM):
         **prompt_args: Any,
     ) -> BaseModel:
         """Async :meth:`structured_predict`."""
+        await self.engine.aload()  # starting the engine loads a model: never on the event loop
         if not self._guided():
             return await super().astructured_predict(output_cls, prompt, llm_kwargs, **prompt_args)
         dispatcher.event(LLMStructuredPredictStartEvent(output_cls=output_cls, template=prompt, template_args=prompt_args))

@@ -26,12 +26,12 @@ class _InFlight:
         self.peak = 0
         self.calls = 0
 
-    async def __call__(self, request: Any) -> Any:
+    async def __call__(self, request: Any, **options: Any) -> Any:
         self.now += 1
         self.calls += 1
         self.peak = max(self.peak, self.now)
         try:
-            return await self.original(request)
+            return await self.original(request, **options)
         finally:
             self.now -= 1
 
