@@ -1,10 +1,14 @@
-"""VectorIndex snapshots: round trips per backend, refusal of damaged ones, no pickle, kill mid-save."""
+"""VectorIndex snapshots: round trips per backend, refusal of damaged ones, no pickle, kill mid-save.
+
+The save protocol's every step, killed twice in a row, is in test_snapshot_protocol.py.
+"""
 
 from __future__ import annotations
 
 import hashlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -15,7 +19,10 @@ import numpy as np
 import pytest
 
 from gpuprompt import VectorIndex
-from gpuprompt.errors import InvalidInputError, SnapshotError
+from gpuprompt.errors import ConfigurationError, InputTypeError, InvalidInputError, SnapshotError
+
+PREV = ".snap.gpuprompt-prev"
+LOCK = ".snap.gpuprompt-lock"
 
 DIM = 16
 
@@ -108,9 +115,14 @@ def test_save_replaces_and_empty_index(tmp_path: Path) -> None:
     empty.save(path)
     assert VectorIndex.load(path).count == 0
     index = _build("torch", 300)
-    index.save(path)  # replaces the previous snapshot
+    index.save(path)  # replaces the snapshot; the replaced one is kept as the previous generation
     assert VectorIndex.load(path).count == 200
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["snap"]  # no temp or backup folders left
+    assert sorted(p.name for p in tmp_path.iterdir()) == [LOCK, PREV, "snap"]  # no temporary folders left
+    index.save(path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [LOCK, PREV, "snap"]  # exactly one previous
+    (tmp_path / "empty-dir").mkdir()
+    index.save(tmp_path / "empty-dir")  # an empty folder is taken
+    assert VectorIndex.load(tmp_path / "empty-dir").count == 200
 
 
 def test_refuses_to_overwrite_something_else(tmp_path: Path) -> None:
@@ -129,6 +141,69 @@ def test_refuses_to_overwrite_something_else(tmp_path: Path) -> None:
         VectorIndex.load(tmp_path / "nothing-here")
 
 
+def test_refuses_folders_it_cannot_prove_it_wrote(tmp_path: Path) -> None:
+    index = _build("torch", 300)
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    (theirs / "manifest.json").write_text('{"format": "someone-else", "files": {}}')
+    (tmp_path / "real").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "real", target_is_directory=True)
+    for target in (theirs, tmp_path / "link"):
+        with pytest.raises(InvalidInputError, match="not a snapshot"):
+            index.save(target)
+    assert (theirs / "manifest.json").read_text().startswith('{"format": "someone-else"')
+    assert (tmp_path / "link").is_symlink() and list((tmp_path / "real").iterdir()) == []
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["link", "real", "theirs"]  # nothing created beside
+
+
+def test_save_leaves_the_users_sibling_folders_alone(tmp_path: Path) -> None:
+    """save("kb") used to delete kb.bak-2024 and kb.tmp-experiment (its cleanup globbed on the name)."""
+    for name in ("kb.bak-2024", "kb.tmp-experiment", "kb.bak-", "kb.tmp-"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "keep.txt").write_text(name)
+    index = _build("torch", 300)
+    for _ in range(3):
+        index.save(tmp_path / "kb")
+    for name in ("kb.bak-2024", "kb.tmp-experiment", "kb.bak-", "kb.tmp-"):
+        assert (tmp_path / name / "keep.txt").read_text() == name
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        ["kb", ".kb.gpuprompt-prev", ".kb.gpuprompt-lock", "kb.bak-2024", "kb.tmp-experiment", "kb.bak-", "kb.tmp-"]
+    )
+
+
+def test_load_never_reads_a_users_folder(tmp_path: Path) -> None:
+    """load("kb") with no kb used to load kb.bak-manual, a user's folder, silently."""
+    _build("torch", 300).save(tmp_path / "kb.bak-manual")
+    with pytest.raises(SnapshotError, match="does not exist"):
+        VectorIndex.load(tmp_path / "kb")
+
+
+def test_save_and_load_refuse_non_paths(tmp_path: Path) -> None:
+    index = _build("torch", 300)
+    for bad in (None, 3, b"kb", ["kb"]):
+        with pytest.raises(InputTypeError, match="'path' must be a str or os.PathLike"):
+            index.save(bad)
+        with pytest.raises(InputTypeError, match="'path' must be a str or os.PathLike"):
+            VectorIndex.load(bad)
+    with pytest.raises(InvalidInputError, match="non-empty"):
+        index.save("")
+
+
+def test_load_options_are_checked(tmp_path: Path) -> None:
+    _build("torch", 300).save(tmp_path / "snap")
+    with pytest.raises(ConfigurationError, match="'efsearch' must be a VectorIndex option.*Did you mean 'ef_search'"):
+        VectorIndex.load(tmp_path / "snap", efsearch=5)
+    with pytest.raises(ConfigurationError, match="'metric' must be a VectorIndex option"):
+        VectorIndex.load(tmp_path / "snap", metric="l2")  # fixed by the snapshot
+    with pytest.raises(ConfigurationError, match="'backend' must be one of"):
+        VectorIndex.load(tmp_path / "snap", backend="annoy")
+    with pytest.raises(ConfigurationError, match="'device' must be"):
+        VectorIndex.load(tmp_path / "snap", device="gpu")
+    with pytest.raises(ConfigurationError, match="'ef_search' must be an int >= 1"):
+        VectorIndex.load(tmp_path / "snap", ef_search=0)
+    assert VectorIndex.load(tmp_path / "snap", ef_search=5, max_batch_size=8).count == 200
+
+
 # ---------------------------------------------------------------------------------------- damage
 @pytest.fixture()
 def saved(tmp_path: Path) -> Path:
@@ -140,6 +215,12 @@ def _rewrite_manifest(path: Path, change) -> None:
     manifest = json.loads((path / "manifest.json").read_text())
     change(manifest)
     (path / "manifest.json").write_text(json.dumps(manifest))
+
+
+def _symlinked_vectors(path: Path) -> None:
+    real = path.parent / "elsewhere.npy"
+    (path / "vectors.npy").rename(real)
+    (path / "vectors.npy").symlink_to(real)
 
 
 def _flip_byte(file: Path, offset: int) -> None:
@@ -165,9 +246,22 @@ def _flip_byte(file: Path, offset: int) -> None:
         (lambda p: _rewrite_manifest(p, lambda m: m.update(format_version=99)), "format version 99"),
         (lambda p: _rewrite_manifest(p, lambda m: m.update(format="other")), "not a gpuprompt.vector-index"),
         (lambda p: _rewrite_manifest(p, lambda m: m.update(dim="16")), "'dim' must be a int"),
-        (lambda p: _rewrite_manifest(p, lambda m: m.update(count=999)), "expected float32 \\(999, 16\\)"),
+        (
+            lambda p: _rewrite_manifest(p, lambda m: m.update(count=999, next_label=5000)),
+            "expected float32 \\(999, 16\\)",
+        ),
+        (lambda p: _rewrite_manifest(p, lambda m: m.update(count=999)), "'next_label' must be >= count"),
         (lambda p: _rewrite_manifest(p, lambda m: m["files"].pop("records.jsonl")), "it needs"),
         (lambda p: _rewrite_manifest(p, lambda m: m["files"].update({"../x": {}})), "bad file name"),
+        (lambda p: _rewrite_manifest(p, lambda m: m["files"].update({"extra.bin": {}})), "not one of"),
+        (lambda p: _rewrite_manifest(p, lambda m: m.update(count=-1)), "'count' must be an int >= 0"),
+        (lambda p: _rewrite_manifest(p, lambda m: m.update(metric="dot")), "'metric' must be one of"),
+        (lambda p: _rewrite_manifest(p, lambda m: m["config"].update(efsearch=3)), "config is invalid.*efsearch"),
+        (lambda p: _rewrite_manifest(p, lambda m: m["config"].update(ef_search=-1)), "config is invalid.*ef_search"),
+        (lambda p: _rewrite_manifest(p, lambda m: m["config"].update(metric="l2")), "config is invalid"),
+        (lambda p: (p / "manifest.json").write_text("[" * 100_000), "not valid JSON"),
+        (lambda p: (p / "manifest.json").write_text('{"format": NaN}'), "not valid JSON"),
+        (_symlinked_vectors, "vectors.npy is not a regular file"),
     ],
 )
 def test_damaged_snapshot_is_refused(saved: Path, damage, words: str) -> None:
@@ -215,6 +309,74 @@ def test_inconsistent_but_checksummed_content_is_refused(saved: Path) -> None:
         VectorIndex.load(saved)
 
 
+def _tamper_records(path: Path, line: str) -> None:
+    lines = (path / "records.jsonl").read_text(encoding="utf-8").splitlines()
+    (path / "records.jsonl").write_text("\n".join([line] + lines[1:]) + "\n", encoding="utf-8")
+    _rechecksum(path, "records.jsonl")
+
+
+@pytest.mark.parametrize(
+    ("line", "words"),
+    [
+        ('{"id": "\\ud800", "document": null, "metadata": {}}', "lone surrogate"),
+        ('{"id": "a", "document": "x\\udfff", "metadata": {}}', "lone surrogate"),
+        ('{"id": "a", "document": null, "metadata": {"k\\ud800": 1}}', "lone surrogate"),
+        ('{"id": "a", "document": null, "metadata": {"n": ' + "9" * 400 + "}}", "not valid JSON|64 bits"),
+        ('{"id": "a", "document": null, "metadata": {"n": 9223372036854775808}}', "within 64 bits"),
+        ('{"id": "a", "document": null, "metadata": {"x": NaN}}', "not valid JSON"),
+        ('{"id": "a", "document": null, "metadata": {"x": Infinity}}', "not valid JSON"),
+        ('{"id": "a", "document": null, "metadata": ' + '{"a": ' * 40 + "1" + "}" * 40 + "}", "nested at most"),
+        ('{"id": "a", "document": null, "metadata": ' + "[" * 100_000 + "]" * 100_000 + "}", "not valid JSON"),
+        ('{"id": "", "document": null, "metadata": {}}', "line 1 is not"),
+        ("[1, 2]", "line 1 is not a JSON object"),
+    ],
+)
+def test_hostile_records_are_refused(saved: Path, line: str, words: str) -> None:
+    _tamper_records(saved, line)
+    with pytest.raises(SnapshotError, match=words):
+        VectorIndex.load(saved)
+
+
+@pytest.mark.parametrize(
+    ("values", "metric", "words"),
+    [
+        (np.nan, "cosine", "row 3 holds NaN or inf"),
+        (np.inf, "cosine", "row 3 holds NaN or inf"),
+        (3e19, "l2", "row 3 has a squared norm above"),
+    ],
+)
+def test_tampered_vectors_are_refused(tmp_path: Path, values: float, metric: str, words: str) -> None:
+    """A NaN written into vectors.npy (checksum redone) used to load, and rank first in every search."""
+    path = tmp_path / "snap"
+    index = VectorIndex(DIM, metric=metric, backend="torch", device="cpu")
+    index.add([str(i) for i in range(10)], np.random.default_rng(0).standard_normal((10, DIM)))
+    index.save(path)
+    vectors = np.load(path / "vectors.npy")
+    vectors[3, 5] = values
+    (path / "vectors.npy").unlink()
+    np.save(path / "vectors.npy", vectors)
+    _rechecksum(path, "vectors.npy")
+    with pytest.raises(SnapshotError, match=words):
+        VectorIndex.load(path)
+
+
+def test_a_damaged_snapshot_falls_back_to_the_previous_generation(tmp_path: Path, caplog) -> None:
+    path = tmp_path / "snap"
+    old = _build("torch", 300)
+    old.save(path)
+    new = _build("torch", 400)
+    new.save(path)
+    assert VectorIndex.load(path).count == 300
+    _flip_byte(path / "vectors.npy", 500)
+    with caplog.at_level("WARNING", logger="gpuprompt.index._persist"):
+        restored = VectorIndex.load(path)
+    assert _snapshot_of(restored) == _snapshot_of(old)
+    assert "loaded its previous generation" in caplog.text and "sha256" in caplog.text
+    _flip_byte(tmp_path / PREV / "records.jsonl", 10)
+    with pytest.raises(SnapshotError, match="vectors.npy has sha256.*previous generation was refused too.*records"):
+        VectorIndex.load(path)
+
+
 # ---------------------------------------------------------------------------------------- crashes
 _CHILD = textwrap.dedent(
     """
@@ -232,19 +394,10 @@ _CHILD = textwrap.dedent(
         print("PAUSED", flush=True)
         time.sleep(600)
 
-    if mode == "writing":
-        original = _persist._write_records
-        def slow_records(file, records):
-            original(file, records)
-            pause()  # vectors and records are written to the temp folder, manifest not yet
-        _persist._write_records = slow_records
-    else:
-        real_rename = os.rename
-        def rename(src, dst):
-            real_rename(src, dst)
-            if ".bak-" in str(dst):
-                pause()  # the old snapshot is moved aside, the new one not yet in place
-        _persist.os.rename = rename
+    # "writing": vectors and records are in the temp folder, the manifest not yet;
+    # "swapping": the old snapshot is renamed to the previous generation, the new one not yet in place
+    pause_at = "records-written" if mode == "writing" else "main-retired"
+    _persist._STEP_HOOK = lambda step: pause() if step == pause_at else None
     index.save(path)
     print("SAVED", flush=True)
     """
@@ -268,11 +421,12 @@ def test_save_killed_midway_leaves_previous_snapshot_loadable(tmp_path: Path, mo
         child.wait(timeout=60)
         child.stdout.close()
     assert child.returncode == -signal.SIGKILL
-    leftovers = sorted(p.name.split("-")[0] for p in tmp_path.iterdir() if p.name.startswith("snap."))
-    assert leftovers == (["snap.tmp"] if mode == "writing" else ["snap.bak", "snap.tmp"])
+    names = sorted(re.sub("-[0-9a-f]{32}$", "", p.name) for p in tmp_path.iterdir() if "snap" in p.name)
+    tmp = ".snap.gpuprompt-tmp"
+    assert names == ([LOCK, tmp, "snap"] if mode == "writing" else [LOCK, PREV, tmp])
     restored = VectorIndex.load(path)
     assert _snapshot_of(restored) == expected
     # the next save succeeds and clears the leftovers
     restored.save(path)
-    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("snap")) == ["snap"]
+    assert sorted(p.name for p in tmp_path.iterdir() if "snap" in p.name) == [LOCK, PREV, "snap"]
     assert _snapshot_of(VectorIndex.load(path)) == expected

@@ -49,9 +49,19 @@ def _metric_type(faiss: Any, metric: str) -> int:
 
 
 def _normalized(vectors: np.ndarray) -> np.ndarray:
-    norms = np.linalg.norm(vectors, axis=1, keepdims=True)
+    """Unit-length float32 rows, safe for any finite values (zero rows stay zero).
+
+    Rows are scaled by their largest absolute value first, so the norm cannot overflow float32.
+    """
+    x = np.asarray(vectors, dtype=np.float32)
+    if x.size == 0:
+        return np.ascontiguousarray(x)
+    scale = np.abs(x).max(axis=1, keepdims=True)
+    scale[scale == 0] = 1.0
+    x = x / scale
+    norms = np.linalg.norm(x, axis=1, keepdims=True)
     np.maximum(norms, 1e-12, out=norms)
-    return np.ascontiguousarray(vectors / norms, dtype=np.float32)
+    return np.ascontiguousarray(x / norms, dtype=np.float32)
 
 
 def _strip_idmap(factory: str) -> str:

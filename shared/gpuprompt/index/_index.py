@@ -7,10 +7,10 @@ of the vectors, so every backend can be rebuilt, switched, topped up exactly, an
 from __future__ import annotations
 
 import asyncio
-import json
+import difflib
 import logging
 import math
-import numbers
+import re
 import threading
 import uuid
 import weakref
@@ -22,12 +22,22 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
+from gpuprompt._validate import (
+    check_choice,
+    check_int,
+    check_metadata,
+    check_number,
+    check_str,
+    check_text,
+    fail,
+)
 from gpuprompt.batching import BatcherStats, MicroBatcher
 from gpuprompt.errors import (
     ClosedError,
     ConfigurationError,
+    DependencyError,
+    DeviceOutOfMemoryError,
     DimensionMismatchError,
-    GPUPromptError,
     InputTypeError,
     InvalidInputError,
     SnapshotError,
@@ -59,6 +69,35 @@ AUTO_ANN_FACTORY = "HNSW32"
 _EXACT_SUBSET = 4096  # filters selecting at most this many rows are searched exactly over those rows
 _FILTER_CACHE = 32
 _ASYNC_INLINE = 1 << 16  # asearch validates at most this many numbers on the loop thread
+
+SQUARED_NORM_LIMIT = float(np.finfo(np.float32).max) / 4
+"""The largest squared norm a vector may have under the ``"ip"`` and ``"l2"`` metrics.
+
+Under it every inner product, squared norm and squared L2 distance of two accepted vectors is a
+finite float32 (``|q - x|^2 <= (|q| + |x|)^2 <= 4 * limit``), so no score overflows or turns NaN.
+Cosine scores do not depend on scale and take any finite vector.
+"""
+
+_DEVICE_RE = re.compile(r"(auto|cpu|mps|cuda(:\d+)?)")
+_METRICS = ("cosine", "ip", "l2")
+_BACKENDS = ("auto", "faiss", "torch")
+_DTYPES = (None, "float16", "bfloat16", "float32")
+OPTIONS = (
+    "metric",
+    "backend",
+    "device",
+    "index_factory",
+    "ef_search",
+    "ef_construction",
+    "nprobe",
+    "dtype",
+    "ann_threshold",
+    "compact_fraction",
+    "max_batch_size",
+    "max_wait_ms",
+    "max_queue",
+)
+"""The keyword options of :class:`VectorIndex` (and of :meth:`VectorIndex.load`)."""
 
 
 @dataclass(frozen=True)
@@ -92,9 +131,39 @@ def _is_tensor(value: Any) -> bool:
 
 
 def _check_k(k: Any, name: str = "k") -> int:
-    if not isinstance(k, numbers.Integral) or isinstance(k, bool) or k < 1:
-        raise InvalidInputError(f"'{name}' must be an int >= 1 (got {describe(k)}).")
-    return int(k)
+    return int(check_int(k, name, min=1))  # type: ignore[arg-type]
+
+
+def _unknown_options(options: Mapping[str, Any], valid: Sequence[str]) -> ConfigurationError | None:
+    """A ConfigurationError naming the first unknown option and listing the valid ones, or None."""
+    for name, value in options.items():
+        if name not in valid:
+            close = difflib.get_close_matches(str(name), valid, n=1)
+            hint = f" Did you mean {close[0]!r}?" if close else ""
+            return ConfigurationError(
+                f"'{name}' must be a VectorIndex option: one of {', '.join(valid)} (got {name}={describe(value)}).{hint}"
+            )
+    return None
+
+
+def _check_device(device: Any, name: str = "device") -> str:
+    """Check a device string's form without importing torch (availability is checked at first use)."""
+    if not isinstance(device, str) or not _DEVICE_RE.fullmatch(device):
+        raise fail(name, "'auto', 'cpu', 'mps', 'cuda' or 'cuda:N'", device, error=ConfigurationError)
+    return device
+
+
+def _check_factory(index_factory: Any) -> str | None:
+    if index_factory is not None and (not isinstance(index_factory, str) or not index_factory.strip()):
+        raise fail(
+            "index_factory", "None or a faiss factory string such as 'HNSW32'", index_factory, error=ConfigurationError
+        )
+    if index_factory is not None:
+        try:
+            check_text(index_factory, "index_factory")
+        except InvalidInputError as exc:
+            raise ConfigurationError(str(exc)) from None
+    return index_factory.strip() if index_factory else None
 
 
 class VectorIndex:
@@ -149,6 +218,11 @@ class VectorIndex:
         max_batch_size: most search requests coalesced into one backend call.
         max_wait_ms: the longest a queued search waits for its batch to fill while under load.
         max_queue: most search requests waiting; more raise ``QueueFullError``.
+
+    Raises:
+        ConfigurationError: an option of the wrong type or range, a malformed device string, or
+            an unknown option (the message lists the valid ones). A faiss factory string is
+            checked when the backend is built (that needs faiss), at the first add or search.
     """
 
     def __init__(
@@ -168,47 +242,37 @@ class VectorIndex:
         max_batch_size: int = 64,
         max_wait_ms: float = 2.0,
         max_queue: int = 10_000,
+        **unknown: Any,
     ) -> None:
-        if not isinstance(dim, numbers.Integral) or isinstance(dim, bool) or dim < 1:
-            raise ConfigurationError(f"'dim' must be an int >= 1 (got {describe(dim)}).")
-        if metric not in ("cosine", "ip", "l2"):
-            raise ConfigurationError(f"'metric' must be 'cosine', 'ip' or 'l2' (got {describe(metric)}).")
-        if backend not in ("auto", "faiss", "torch"):
-            raise ConfigurationError(f"'backend' must be 'auto', 'faiss' or 'torch' (got {describe(backend)}).")
-        if not isinstance(device, str):
-            raise ConfigurationError(
-                f"'device' must be a str such as 'auto', 'cpu' or 'cuda' (got {describe(device)})."
-            )
-        if index_factory is not None and (not isinstance(index_factory, str) or not index_factory.strip()):
-            raise ConfigurationError(
-                f"'index_factory' must be None or a faiss factory string (got {describe(index_factory)})."
-            )
+        error = _unknown_options(unknown, OPTIONS)
+        if error is not None:
+            raise error
+        dim = check_int(dim, "dim", min=1, error=ConfigurationError)
+        check_choice(metric, "metric", _METRICS, error=ConfigurationError)
+        check_choice(backend, "backend", _BACKENDS, error=ConfigurationError)
+        _check_device(device)
+        index_factory = _check_factory(index_factory)
         if index_factory is not None and backend == "torch":
             raise ConfigurationError("'index_factory' is a faiss option; use backend='faiss' or 'auto' with it.")
         for name, value in (("ef_search", ef_search), ("ef_construction", ef_construction), ("nprobe", nprobe)):
-            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
-                raise ConfigurationError(f"'{name}' must be None or an int >= 1 (got {describe(value)}).")
-        if dtype not in (None, "float16", "bfloat16", "float32"):
-            raise ConfigurationError(
-                f"'dtype' must be None, 'float16', 'bfloat16' or 'float32' (got {describe(dtype)})."
-            )
-        if not isinstance(ann_threshold, int) or isinstance(ann_threshold, bool) or ann_threshold < 0:
-            raise ConfigurationError(f"'ann_threshold' must be an int >= 0 (got {describe(ann_threshold)}).")
-        if not isinstance(compact_fraction, (int, float)) or not 0 < compact_fraction <= 10:
-            raise ConfigurationError(
-                f"'compact_fraction' must be a number in (0, 10] (got {describe(compact_fraction)})."
-            )
-        self._dim = int(dim)
+            check_int(value, name, min=1, allow_none=True, error=ConfigurationError)
+        if dtype is not None:
+            check_choice(dtype, "dtype", _DTYPES[1:], error=ConfigurationError)
+        ann_threshold = check_int(ann_threshold, "ann_threshold", min=0, error=ConfigurationError)
+        compact_fraction = check_number(compact_fraction, "compact_fraction", min=0, max=10, error=ConfigurationError)
+        if compact_fraction == 0:
+            raise fail("compact_fraction", "a number in (0, 10]", compact_fraction, error=ConfigurationError)
+        self._dim = int(dim)  # type: ignore[arg-type]
         self._metric: str = metric
         self._backend_request: str = backend
         self._device_request = device
-        self._factory = index_factory.strip() if index_factory else None
-        self._ef_search = ef_search
-        self._ef_construction = ef_construction
-        self._nprobe = nprobe
+        self._factory = index_factory
+        self._ef_search = None if ef_search is None else int(ef_search)
+        self._ef_construction = None if ef_construction is None else int(ef_construction)
+        self._nprobe = None if nprobe is None else int(nprobe)
         self._dtype = dtype
-        self._ann_threshold = ann_threshold
-        self._compact_fraction = float(compact_fraction)
+        self._ann_threshold = int(ann_threshold)  # type: ignore[arg-type]
+        self._compact_fraction = float(compact_fraction)  # type: ignore[arg-type]
         self._batch_options = {"max_batch_size": max_batch_size, "max_wait_ms": max_wait_ms, "max_queue": max_queue}
         MicroBatcher(lambda items: items, **self._batch_options).close()  # validates the options, starts nothing
         self._store = Store(self._dim)
@@ -222,6 +286,18 @@ class VectorIndex:
         self._filters_version = -1
         self._filters_lock = threading.Lock()
         self._closed = False
+
+    @classmethod
+    def check_options(cls, **options: Any) -> None:
+        """Validate constructor options without building an index (``dim`` optional).
+
+        For callers that construct the index later, once the dimension is known (the adapters), so
+        a bad option fails where it was given rather than at the first add. Loads nothing.
+
+        Raises:
+            ConfigurationError: as the constructor would.
+        """
+        cls(options.pop("dim", 1), **options)
 
     # ------------------------------------------------------------------ properties
     @property
@@ -390,10 +466,12 @@ class VectorIndex:
         Raises:
             ConfigurationError: a bad combination (for example ``index_factory`` with ``"torch"``).
         """
-        if backend not in ("auto", "faiss", "torch"):
-            raise ConfigurationError(f"'backend' must be 'auto', 'faiss' or 'torch' (got {describe(backend)}).")
+        check_choice(backend, "backend", _BACKENDS, error=ConfigurationError)
+        index_factory = _check_factory(index_factory)
         if index_factory is not None and backend == "torch":
             raise ConfigurationError("'index_factory' is a faiss option; use backend='faiss' or 'auto' with it.")
+        if device is not None:
+            _check_device(device)
         with self._setup_lock, self._lock.write():
             saved = (self._backend_request, self._factory, self._device_request, self._device)
             self._backend_request, self._factory = backend, index_factory
@@ -418,9 +496,8 @@ class VectorIndex:
         Raises:
             ConfigurationError: a value that is not an int >= 1.
         """
-        for name, value in (("ef_search", ef_search), ("nprobe", nprobe)):
-            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
-                raise ConfigurationError(f"'{name}' must be None or an int >= 1 (got {describe(value)}).")
+        ef_search = check_int(ef_search, "ef_search", min=1, allow_none=True, error=ConfigurationError)
+        nprobe = check_int(nprobe, "nprobe", min=1, allow_none=True, error=ConfigurationError)
         from gpuprompt.index._faiss import FaissBackend
 
         with self._lock.write():
@@ -434,7 +511,12 @@ class VectorIndex:
 
     # ------------------------------------------------------------------ validation
     def _matrix(self, value: Any, name: str, *, allow_1d: bool) -> Any:
-        """A (n, dim) float32 numpy array or torch tensor, checked for shape and finiteness."""
+        """A (n, dim) float32 numpy array or torch tensor of real numbers, checked for shape and range.
+
+        Only real numbers are taken (ints and floats; not bools, complex numbers, numeric strings
+        or objects). Values must be finite once converted to float32, and under the ``"ip"`` and
+        ``"l2"`` metrics each vector's squared norm at most :data:`SQUARED_NORM_LIMIT`.
+        """
         if _is_tensor(value):
             import torch
 
@@ -443,34 +525,72 @@ class VectorIndex:
                 tensor.is_floating_point()
                 or tensor.dtype in (torch.int32, torch.int64, torch.int16, torch.int8, torch.uint8)
             ):
-                raise InputTypeError(f"'{name}' must hold numbers (got a tensor of {tensor.dtype}).")
+                raise InputTypeError(f"'{name}' must be a tensor of real numbers (got a tensor of {tensor.dtype}).")
             if tensor.ndim == 1 and allow_1d:
                 tensor = tensor.unsqueeze(0)
             self._check_shape(tuple(tensor.shape), name, allow_1d)
             tensor = tensor.float()
-            finite = torch.isfinite(tensor).all(dim=1)
-            if not bool(finite.all()):
-                bad = int((~finite).nonzero()[0, 0])
-                raise InvalidInputError(f"'{name}[{bad}]' must be finite (got a vector with NaN or inf values).")
+            self._check_values(tensor, name)
             return tensor
         if isinstance(value, (str, bytes)) or value is None:
             raise InputTypeError(
                 f"'{name}' must be a 2-D array of numbers of shape (n, {self._dim}) (got {describe(value)})."
             )
         try:
-            array = np.asarray(value, dtype=np.float32)
-        except (TypeError, ValueError) as exc:
+            array = np.asarray(value)
+        except (TypeError, ValueError, OverflowError) as exc:
             raise InputTypeError(
                 f"'{name}' must be a 2-D array of numbers of shape (n, {self._dim}) (got {describe(value)}: {exc})."
             ) from exc
+        if array.dtype.kind not in "iuf" and not (array.size == 0 and array.dtype.kind in "bO"):
+            raise InputTypeError(
+                f"'{name}' must be a 2-D array of numbers of shape (n, {self._dim}): ints or floats (got "
+                f"{describe(value)}, an array of {array.dtype}); convert strings and complex values yourself."
+            )
+        with np.errstate(over="ignore", invalid="ignore"):
+            array = array.astype(np.float32, copy=False)  # float64 beyond float32's range becomes inf: refused
         if array.ndim == 1 and allow_1d:
             array = array.reshape(1, -1)
         self._check_shape(array.shape, name, allow_1d)
-        finite = np.isfinite(array).all(axis=1)
-        if not finite.all():
-            bad = int(np.flatnonzero(~finite)[0])
-            raise InvalidInputError(f"'{name}[{bad}]' must be finite (got a vector with NaN or inf values).")
+        self._check_values(array, name)
         return np.ascontiguousarray(array)
+
+    def _check_values(self, matrix: Any, name: str) -> None:
+        """Refuse rows that are not finite, or too long for the metric (one host sync)."""
+        if matrix.shape[0] == 0:
+            return
+        if _is_tensor(matrix):
+            import torch
+
+            finite = torch.isfinite(matrix).all(dim=1)
+            bad = ~finite
+            if self._metric != "cosine":
+                bad = bad | (squared_norms(matrix) > SQUARED_NORM_LIMIT)
+            if not bool(bad.any()):
+                return
+            row = int(bad.nonzero()[0, 0])
+            row_finite = bool(finite[row])
+            values = matrix[row].detach().cpu().double().numpy()
+        else:
+            finite = np.isfinite(matrix).all(axis=1)
+            bad = ~finite
+            if self._metric != "cosine":
+                bad |= squared_norms(matrix) > SQUARED_NORM_LIMIT
+            if not bad.any():
+                return
+            row = int(np.flatnonzero(bad)[0])
+            row_finite = bool(finite[row])
+            values = matrix[row].astype(np.float64)
+        if not row_finite:
+            raise InvalidInputError(
+                f"'{name}[{row}]' must be finite (got a vector with NaN or inf values, or values beyond float32's "
+                "range of 3.4e38)."
+            )
+        raise InvalidInputError(
+            f"'{name}[{row}]' must have a squared norm of at most {SQUARED_NORM_LIMIT:.3g} under metric "
+            f"{self._metric!r}, or scores would overflow float32 (got a vector whose squared norm is "
+            f"{float(np.dot(values, values)):.3g}); scale the vectors down, or use metric='cosine', which ignores scale."
+        )
 
     def _check_shape(self, shape: tuple[int, ...], name: str, allow_1d: bool) -> None:
         if len(shape) != 2:
@@ -508,18 +628,21 @@ class VectorIndex:
         Args:
             ids: one str per vector, or None (or None items) for generated ``uuid4().hex`` ids.
                 An id repeated inside one call: the last occurrence wins.
-            vectors: ``(n, dim)`` numbers (numpy, nested lists or a torch tensor), all finite.
+            vectors: ``(n, dim)`` real numbers (numpy, nested lists or a torch tensor), finite as
+                float32; under ``"ip"`` / ``"l2"`` each squared norm at most :data:`SQUARED_NORM_LIMIT`.
             documents: one str or None per vector, or None.
-            metadatas: one JSON-serialisable dict (str keys) or None per vector, or None.
+            metadatas: one JSON dict or None per vector, or None: str keys; values str, int within
+                int64, finite float, bool, None, lists and dicts, no cycles, at most 32 levels deep.
 
         Returns:
             The ids, in the order given (generated ones filled in).
 
         Raises:
             DimensionMismatchError: vectors of another dimension (the message says expected and got).
-            InvalidInputError: NaN/inf values, mismatched lengths, empty ids, or metadata that is
-                not JSON-serialisable. Nothing stored changes.
-            InputTypeError: an item of the wrong type (named by its index).
+            InvalidInputError: NaN/inf values, vectors too long for the metric, mismatched lengths,
+                empty ids, text with lone surrogates, or metadata that would not save (see above).
+                Nothing stored changes.
+            InputTypeError: an item of the wrong type (named by its index), complex or string vectors.
         """
         matrix = self._matrix(vectors, "vectors", allow_1d=False)
         if _is_tensor(matrix):
@@ -537,7 +660,16 @@ class VectorIndex:
         unique_ids = [id_list[i] for i in order]
         picks = np.asarray(order, dtype=np.int64)
         unique_vectors = matrix if len(order) == n else matrix[picks]
-        self._ensure_backend(incoming=len(order))
+        backend = self._ensure_backend(incoming=len(order))
+        limit = getattr(backend, "max_abs", None)
+        if limit is not None:
+            large = np.abs(unique_vectors).max(axis=1) > limit
+            if large.any():
+                raise InvalidInputError(
+                    f"'vectors[{order[int(np.flatnonzero(large)[0])]}]' must hold values within +-{limit:g} to be stored "
+                    f"as {backend.describe()} under metric {self._metric!r} (got a larger one); pass "
+                    "dtype='float32' or 'bfloat16', or scale the vectors down."
+                )
         with self._lock.write():
             store = self._store
             change = store.plan_upsert(unique_ids, unique_vectors)
@@ -606,15 +738,14 @@ class VectorIndex:
     def _id_list(self, ids: Any, name: str) -> list[str]:
         if isinstance(ids, (str, bytes)):
             raise InputTypeError(
-                f"'{name}' must be a list of str, got a bare {type(ids).__name__}; wrap it: [{ids!r}]."
+                f"'{name}' must be a list of str (got a bare {type(ids).__name__} {ids!r}); wrap it: [{ids!r}]."
             )
         if not isinstance(ids, (Sequence, np.ndarray)):
             raise InputTypeError(f"'{name}' must be a list of str (got {describe(ids)}).")
         out = list(ids)
         for i, key in enumerate(out):
-            if not isinstance(key, str):
-                raise InputTypeError(f"'{name}[{i}]' must be a str (got {describe(key)}).")
-        return out
+            check_str(key, f"{name}[{i}]")
+        return [str(key) for key in out]
 
     def _ids_for_add(self, ids: Any, n: int) -> list[str]:
         if ids is None:
@@ -625,12 +756,11 @@ class VectorIndex:
         for i, key in enumerate(ids):
             if key is None:
                 out.append(uuid.uuid4().hex)
-            elif not isinstance(key, str):
-                raise InputTypeError(f"'ids[{i}]' must be a str or None (got {describe(key)}).")
-            elif not key:
+                continue
+            check_str(key, f"ids[{i}]")
+            if not key:
                 raise InvalidInputError(f"'ids[{i}]' must be a non-empty str (got ''); pass None to generate one.")
-            else:
-                out.append(key)
+            out.append(str(key))
         if len(out) != n:
             raise InvalidInputError(
                 f"'ids' and 'vectors' must have the same length (got {len(out)} ids and {n} vectors)."
@@ -647,9 +777,8 @@ class VectorIndex:
                 f"'documents' and 'vectors' must have the same length (got {len(documents)} documents and {n} vectors)."
             )
         for i, document in enumerate(documents):
-            if document is not None and not isinstance(document, str):
-                raise InputTypeError(f"'documents[{i}]' must be a str or None (got {describe(document)}).")
-        return list(documents)
+            check_str(document, f"documents[{i}]", allow_none=True)
+        return [None if document is None else str(document) for document in documents]
 
     def _metadatas(self, metadatas: Any, n: int) -> list[dict[str, Any]]:
         if metadatas is None:
@@ -662,15 +791,9 @@ class VectorIndex:
             raise InvalidInputError(
                 f"'metadatas' and 'vectors' must have the same length (got {len(metadatas)} metadatas and {n} vectors)."
             )
-        out: list[dict[str, Any]] = []
-        for i, metadata in enumerate(metadatas):
-            if metadata is None:
-                out.append({})
-                continue
-            if not isinstance(metadata, Mapping):
-                raise InputTypeError(f"'metadatas[{i}]' must be a dict or None (got {describe(metadata)}).")
-            out.append(_json_copy(metadata, f"metadatas[{i}]"))
-        return out
+        # A detached JSON copy: ints within int64, finite floats, well-formed text, no cycles, at most
+        # MAX_DEPTH levels; anything accepted here saves, filters and loads.
+        return [check_metadata(metadata, f"metadatas[{i}]") for i, metadata in enumerate(metadatas)]
 
     # ------------------------------------------------------------------ reads
     def get(self, ids: Sequence[str]) -> list[Record]:
@@ -784,13 +907,8 @@ class VectorIndex:
     def _mmr_request(self, query: Any, k: Any, fetch_k: Any, lambda_mult: Any, filter: Any) -> _Request:
         k = _check_k(k)
         fetch_k = _check_k(fetch_k, "fetch_k")
-        if (
-            not isinstance(lambda_mult, numbers.Real)
-            or isinstance(lambda_mult, bool)
-            or not 0.0 <= float(lambda_mult) <= 1.0
-        ):
-            raise InvalidInputError(f"'lambda_mult' must be a number in [0, 1] (got {describe(lambda_mult)}).")
-        request = self._request(query, max(k, fetch_k), filter, mmr=(k, float(lambda_mult)))
+        lambda_mult = check_number(lambda_mult, "lambda_mult", min=0.0, max=1.0)
+        request = self._request(query, max(k, fetch_k), filter, mmr=(k, float(lambda_mult)))  # type: ignore[arg-type]
         if request.queries.shape[0] != 1:
             raise InvalidInputError(
                 f"'query' must be one vector of shape ({self._dim},) (got {request.queries.shape[0]} vectors); "
@@ -907,7 +1025,7 @@ class VectorIndex:
         """Exact search over the master copy (all rows, or the allowed ones)."""
         import torch
 
-        from gpuprompt.index._torch import exact_topk, l2_scores_from_keys
+        from gpuprompt.index._torch import exact_topk, l2_scores_from_keys, normalize_rows
 
         store = self._store
         subset = store.vectors if allowed is None else store.vectors[allowed.rows]
@@ -916,8 +1034,8 @@ class VectorIndex:
         norms = None
         with torch.inference_mode():
             if self._metric == "cosine":
-                matrix = torch.nn.functional.normalize(matrix, dim=1)
-                q = torch.nn.functional.normalize(q, dim=1)
+                matrix = normalize_rows(matrix)
+                q = normalize_rows(q)
             elif self._metric == "l2":
                 norms = matrix.pow(2).sum(dim=1)
             keys, rows = exact_topk(q, matrix, k, l2_norms=norms)
@@ -952,21 +1070,31 @@ class VectorIndex:
 
     # ------------------------------------------------------------------ persistence
     def save(self, path: str | Path) -> None:
-        """Write a snapshot folder at ``path``, atomically (a crash leaves the previous one loadable).
+        """Write a snapshot folder at ``path``; a crash at any point leaves a whole snapshot to load.
 
         The folder holds a manifest (format version, dim, metric, count, sha256 of each file),
         the vectors as ``.npy``, ids/documents/metadata as JSON lines and, for the faiss backend,
-        faiss's native index file. No pickle is written or read. Searches go on during a save;
-        writes wait for it.
+        faiss's native index file. No pickle is written or read. It is written beside ``path``
+        under a hidden temporary name and renamed into place; the snapshot it replaces is kept as
+        one hidden previous generation (``.<name>.gpuprompt-prev``), which :meth:`load` falls back
+        to. Nothing else beside ``path`` is touched (see :mod:`gpuprompt.index._persist`).
+
+        The backend and the records are read under the same lock writers take, so a snapshot is
+        one consistent state even while other threads add, delete or switch backends. Searches go
+        on during a save; writes wait for it.
 
         Raises:
-            InvalidInputError: ``path`` exists and is neither a snapshot nor an empty folder.
+            InputTypeError: ``path`` is not a str or path object.
+            InvalidInputError: ``path`` exists and is neither a snapshot nor an empty folder (nothing
+                there is changed), or names no folder.
+            OSError: the file system refused a write (the previous snapshot stays loadable).
         """
         from gpuprompt.index._faiss import FaissBackend
-        from gpuprompt.index._persist import write_snapshot
+        from gpuprompt.index._persist import snapshot_names, write_snapshot
 
-        backend = self._backend
+        snapshot_names(path)  # a bad path fails before any lock is taken
         with self._save_lock, self._lock.read():
+            backend = self._backend  # under the lock: switch_backend() and add() take it to change it
             store = self._store
             faiss_bytes = None
             factory = None
@@ -1008,11 +1136,14 @@ class VectorIndex:
     def load(
         cls, path: str | Path, device: str = "auto", *, backend: BackendName | None = None, **options: Any
     ) -> VectorIndex:
-        """Load a snapshot written by :meth:`save`, validating its manifest and checksums.
+        """Load a snapshot written by :meth:`save`, validating its manifest, checksums and contents.
 
-        A faiss index file is reused when the loaded index runs faiss on this machine; otherwise
-        the backend is rebuilt from the saved vectors (for example a CPU HNSW snapshot loaded
-        with ``device="cuda"`` runs on the torch backend).
+        The newest generation that verifies is loaded: ``path`` itself, else the previous one a
+        save kept beside it (after an interrupted save, or if ``path`` was damaged; a warning is
+        logged). Vectors must be finite float32 of the manifest's shape and records well-formed,
+        or the generation is refused. A faiss index file is reused when the loaded index runs
+        faiss on this machine; otherwise the backend is rebuilt from the saved vectors (for
+        example a CPU HNSW snapshot loaded with ``device="cuda"`` runs on the torch backend).
 
         Args:
             path: the snapshot folder.
@@ -1022,23 +1153,46 @@ class VectorIndex:
                 ``max_batch_size``...).
 
         Raises:
+            ConfigurationError: an unknown or invalid ``device``, ``backend`` or option.
+            InputTypeError: ``path`` is not a str or path object.
             SnapshotError: missing, truncated, tampered with, or of another format version.
         """
         from gpuprompt.index._faiss import FaissBackend
         from gpuprompt.index._persist import read_snapshot
 
+        error = _unknown_options(options, [name for name in OPTIONS if name not in ("metric", "backend", "device")])
+        if error is not None:
+            raise error
+        _check_device(device)
+        if backend is not None:
+            check_choice(backend, "backend", _BACKENDS, error=ConfigurationError)
         snapshot = read_snapshot(path)
         manifest = snapshot.manifest
         config = dict(manifest["config"])
+        error = _unknown_options(config, [name for name in OPTIONS if name not in ("metric", "device")])
+        if error is None:
+            try:
+                cls(manifest["dim"], metric=manifest["metric"], device="cpu", **config)
+            except ConfigurationError as exc:
+                error = exc
+        if error is not None:
+            raise SnapshotError(
+                f"index snapshot {str(snapshot.path)!r} is refused: its manifest's config is invalid ({error})."
+            ) from error
         if backend is not None:
             config["backend"] = backend
             if backend == "torch":
                 config["index_factory"] = None
         config.update(options)
-        try:
-            index = cls(manifest["dim"], metric=manifest["metric"], device=device, **config)
-        except TypeError as exc:
-            raise SnapshotError(f"index snapshot {str(path)!r} has an unknown config: {exc}") from exc
+        index = cls(manifest["dim"], metric=manifest["metric"], device=device, **config)
+        if manifest["metric"] != "cosine" and snapshot.vectors.shape[0]:
+            too_long = squared_norms(snapshot.vectors) > SQUARED_NORM_LIMIT
+            if too_long.any():
+                raise SnapshotError(
+                    f"index snapshot {str(snapshot.path)!r} is refused: vectors.npy row "
+                    f"{int(np.flatnonzero(too_long)[0])} has a squared norm above {SQUARED_NORM_LIMIT:.3g}, "
+                    f"which metric {manifest['metric']!r} cannot score."
+                )
         store = index._store
         store.load(
             snapshot.vectors,
@@ -1062,16 +1216,16 @@ class VectorIndex:
                             snapshot.faiss_index,
                             manifest["tombstones"],
                         )
-                    except GPUPromptError:
+                    except (ConfigurationError, DependencyError, DeviceOutOfMemoryError):
                         raise
                     except Exception as exc:  # faiss raises RuntimeError on a malformed index file
                         raise SnapshotError(
-                            f"index snapshot {str(path)!r}: faiss could not read index.faiss ({exc})."
+                            f"index snapshot {str(snapshot.path)!r}: faiss could not read index.faiss ({exc})."
                         ) from exc
                     if new.ntotal != store.size + manifest["tombstones"]:
                         raise SnapshotError(
-                            f"index snapshot {str(path)!r}: index.faiss holds {new.ntotal} entries, the manifest says "
-                            f"{store.size} records + {manifest['tombstones']} tombstones."
+                            f"index snapshot {str(snapshot.path)!r}: index.faiss holds {new.ntotal} entries, the "
+                            f"manifest says {store.size} records + {manifest['tombstones']} tombstones."
                         )
             if new is None:
                 new = index._new_backend(store.size)
@@ -1110,9 +1264,11 @@ def mmr_select(query: torch.Tensor, candidates: torch.Tensor, k: int, lambda_mul
     """
     import torch
 
+    from gpuprompt.index._torch import normalize_rows
+
     with torch.inference_mode():
-        c = torch.nn.functional.normalize(candidates.float(), dim=1)
-        q = torch.nn.functional.normalize(query.float().reshape(1, -1), dim=1)
+        c = normalize_rows(candidates)
+        q = normalize_rows(query.reshape(1, -1))
         m = c.shape[0]
         k = min(k, m)
         if k <= 0:
@@ -1133,6 +1289,26 @@ def mmr_select(query: torch.Tensor, candidates: torch.Tensor, k: int, lambda_mul
             taken[best] = True
             redundancy = torch.maximum(redundancy, between[best])
         return picked.cpu().tolist()
+
+
+def squared_norms(matrix: Any) -> Any:
+    """Row squared norms of a float32 numpy array or torch tensor, overflowing only if the result does.
+
+    Each row is scaled by its largest absolute value before squaring, so intermediate squares of
+    large values never overflow; the result is inf exactly when the squared norm exceeds float32.
+    Rows holding NaN or inf give NaN or inf.
+    """
+    if _is_tensor(matrix):
+        import torch
+
+        scale = matrix.abs().amax(dim=1, keepdim=True)
+        scale = torch.where(scale > 0, scale, torch.ones_like(scale))
+        return (matrix / scale).pow(2).sum(dim=1) * scale.squeeze(1).pow(2)
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+        scale = np.abs(matrix).max(axis=1, keepdims=True) if matrix.shape[1] else np.ones((matrix.shape[0], 1))
+        scale = np.where(scale > 0, scale, 1).astype(np.float32)
+        scaled = matrix / scale
+        return np.einsum("ij,ij->i", scaled, scaled) * np.square(scale[:, 0])
 
 
 def _request_cost(request: _Request) -> int:
@@ -1169,35 +1345,6 @@ def _stack(parts: list[Any], backend: Any) -> Any:
             [backend.queries(part) if isinstance(part, np.ndarray) else part.to(backend.device) for part in parts]
         )
     return np.concatenate([_numpy(part) for part in parts], axis=0)
-
-
-def _json_copy(metadata: Mapping[str, Any], name: str) -> dict[str, Any]:
-    """A JSON round-trip copy: proves the metadata saves, and detaches it from the caller's objects."""
-    for key in _nested_keys(metadata):
-        if not isinstance(key, str):
-            raise InvalidInputError(
-                f"'{name}' must be JSON-serialisable with str keys (got key {describe(key)}); convert keys to str."
-            )
-    try:
-        return json.loads(json.dumps(metadata, allow_nan=False))
-    except (TypeError, ValueError) as exc:
-        raise InvalidInputError(
-            f"'{name}' must be JSON-serialisable (got {describe(dict(metadata))}: {exc}); use str, int, finite "
-            "float, bool, None, lists and dicts."
-        ) from exc
-
-
-def _nested_keys(value: Any) -> list[Any]:
-    keys: list[Any] = []
-    stack = [value]
-    while stack:
-        item = stack.pop()
-        if isinstance(item, Mapping):
-            keys.extend(item.keys())
-            stack.extend(item.values())
-        elif isinstance(item, (list, tuple)):
-            stack.extend(item)
-    return keys
 
 
 def _faiss_installed() -> bool:

@@ -19,7 +19,12 @@ __all__ = ["Allowed", "Change", "RWLock", "Store", "copy_json"]
 
 
 class RWLock:
-    """Many readers or one writer; a waiting writer blocks new readers (no writer starvation).
+    """Many readers or one writer, phase-fair: neither readers nor writers starve.
+
+    A waiting writer blocks new readers (so a stream of searches cannot starve a write), and when
+    a writer releases, every reader waiting at that moment is let in before the next writer (so a
+    stream of writes cannot starve a search or a save: two writer threads in a loop once kept
+    ``save()`` waiting forever).
 
     Not re-entrant: a thread must not take it again while holding it.
     """
@@ -29,12 +34,25 @@ class RWLock:
         self._readers = 0
         self._writer = False
         self._writers_waiting = 0
+        self._readers_waiting = 0
+        self._phase = 0  # advanced by a writer's release that admits the readers waiting then
+        self._admitted = 0  # readers admitted by the last phase that have not entered yet
 
     @contextmanager
     def read(self) -> Iterator[None]:
         with self._cond:
-            while self._writer or self._writers_waiting:
-                self._cond.wait()
+            if self._writer or self._writers_waiting:
+                phase = self._phase
+                self._readers_waiting += 1
+                try:
+                    while self._phase == phase and (self._writer or self._writers_waiting):
+                        self._cond.wait()
+                finally:
+                    self._readers_waiting -= 1
+                    if self._phase != phase:
+                        self._admitted -= 1
+                        if not self._admitted:
+                            self._cond.notify_all()
             self._readers += 1
         try:
             yield
@@ -49,7 +67,7 @@ class RWLock:
         with self._cond:
             self._writers_waiting += 1
             try:
-                while self._writer or self._readers:
+                while self._writer or self._readers or self._admitted:
                     self._cond.wait()
             finally:
                 self._writers_waiting -= 1
@@ -59,6 +77,9 @@ class RWLock:
         finally:
             with self._cond:
                 self._writer = False
+                if self._readers_waiting:
+                    self._phase += 1
+                    self._admitted = self._readers_waiting
                 self._cond.notify_all()
 
 

@@ -17,7 +17,10 @@ from gpuprompt.index._store import Allowed, Change, Store
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["TorchBackend", "exact_topk", "l2_scores_from_keys"]
+__all__ = ["FLOAT16_MAX", "TorchBackend", "exact_topk", "l2_scores_from_keys", "normalize_rows"]
+
+FLOAT16_MAX = 65504.0
+"""The largest float16 value: what the fp16 storage can hold under the ``"ip"`` and ``"l2"`` metrics."""
 
 _QUERY_CHUNK = 8192
 _SUBSET_FRACTION = 0.25  # a filter selecting fewer rows than this gathers them instead of masking
@@ -25,6 +28,20 @@ _SUBSET_FRACTION = 0.25  # a filter selecting fewer rows than this gathers them 
 
 def _budget(device: str) -> int:
     return (256 << 20) if device.startswith("cuda") else (64 << 20)
+
+
+def normalize_rows(x: torch.Tensor) -> torch.Tensor:
+    """Unit-length rows (float32), safe for any finite values: zero rows stay zero.
+
+    Each row is first divided by its largest absolute value, so the norm is computed on values in
+    [-1, 1] and cannot overflow (``torch.nn.functional.normalize`` of a row of 1e20s gives zeros).
+    """
+    import torch
+
+    x = x.float()
+    scale = x.abs().amax(dim=1, keepdim=True)
+    scale = torch.where(scale > 0, scale, torch.ones_like(scale))
+    return torch.nn.functional.normalize(x / scale, dim=1)
 
 
 def exact_topk(
@@ -77,6 +94,8 @@ def exact_topk(
         keys = (queries @ matrix[start:stop].T).float()
         if l2_norms is not None:
             keys.mul_(2.0).sub_(l2_norms[start:stop])
+        # topk ranks NaN first: a NaN key (an overflow in low precision) must rank last instead.
+        keys.nan_to_num_(nan=-math.inf)
         if mask is not None:
             keys.masked_fill_(~mask[start:stop], -math.inf)
         values, rows = keys.topk(min(k, stop - start), dim=1)
@@ -137,15 +156,23 @@ class TorchBackend:
         """Always 0: rows are removed for real."""
         return 0
 
+    @property
+    def max_abs(self) -> float | None:
+        """The largest absolute value a stored vector may hold, or None for no limit beyond float32.
+
+        fp16 storage holds at most :data:`FLOAT16_MAX`; cosine rows are normalised before they are
+        stored, so only ``"ip"`` and ``"l2"`` are limited.
+        """
+        return FLOAT16_MAX if self.dtype_name == "float16" and self.metric != "cosine" else None
+
     # ------------------------------------------------------------------ writes
     def _prepare(self, vectors: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
         import torch
 
         x = torch.from_numpy(np.ascontiguousarray(vectors, dtype=np.float32)).to(self.device)
-        norms = x.pow(2).sum(dim=1)
         if self.metric == "cosine":
-            x = torch.nn.functional.normalize(x, dim=1)
-        return x.to(self._dtype), norms
+            return normalize_rows(x).to(self._dtype), torch.ones(x.shape[0], dtype=torch.float32, device=self.device)
+        return x.to(self._dtype), x.pow(2).sum(dim=1)
 
     def _reserve(self, size: int) -> None:
         import torch
@@ -214,7 +241,7 @@ class TorchBackend:
         else:
             x = queries.to(self.device, torch.float32)
         if self.metric == "cosine":
-            x = torch.nn.functional.normalize(x, dim=1)
+            x = normalize_rows(x)
         return x
 
     def search(self, queries: Any, k: int, allowed: Allowed | None) -> tuple[np.ndarray, np.ndarray]:
