@@ -11,7 +11,7 @@ from typing import Any
 
 from gpuprompt.errors import ConfigurationError, DependencyError
 
-__all__ = ["DEVICE_RE", "default_dtype", "resolve_device"]
+__all__ = ["DEVICE_RE", "check_device", "default_dtype", "resolve_device"]
 
 DEVICE_RE = re.compile(r"^(auto|cpu|mps|cuda(:\d+)?)$")
 
@@ -22,6 +22,14 @@ def _torch() -> Any:
     except ImportError as exc:  # pragma: no cover - torch is a hard dependency
         raise DependencyError("gpuprompt needs torch: pip install 'torch==2.13.0' (CPU) or a CUDA build.") from exc
     return torch
+
+
+def check_device(device: object, name: str = "device") -> str:
+    """Check the form of a device request without importing torch (``resolve_device`` checks
+    that the device exists)."""
+    if not isinstance(device, str) or not DEVICE_RE.match(device):
+        raise ConfigurationError(f"'{name}' must be 'auto', 'cpu', 'mps', 'cuda' or 'cuda:N' (got {device!r}).")
+    return device
 
 
 def resolve_device(device: str = "auto") -> str:
@@ -36,10 +44,7 @@ def resolve_device(device: str = "auto") -> str:
     Raises:
         ConfigurationError: the string is malformed, or names a device this machine lacks.
     """
-    if not isinstance(device, str) or not DEVICE_RE.match(device):
-        raise ConfigurationError(
-            f"'device' must be 'auto', 'cpu', 'mps', 'cuda' or 'cuda:N' (got {device!r})."
-        )
+    check_device(device)
     if device == "cpu":
         return "cpu"
     torch = _torch()

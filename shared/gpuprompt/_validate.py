@@ -122,7 +122,7 @@ def check_text(value: str, name: str, *, error: type[Exception] = InvalidInputEr
     try:
         value.encode("utf-8")
     except UnicodeEncodeError as exc:
-        raise InvalidInputError(
+        raise error(
             f"'{name}' must be valid Unicode text (got a str with a lone surrogate {value[exc.start]!r} at "
             f"index {exc.start}); decode your input with errors='replace' or drop the character."
         ) from None
@@ -148,7 +148,7 @@ def check_str(
         raise fail(name, "a non-empty str", value, error=InvalidInputError)
     if max_length is not None and len(value) > max_length:
         raise InvalidInputError(f"'{name}' must be at most {max_length} characters (got {len(value)}).")
-    return check_text(value, name)
+    return check_text(value, name, error=InvalidInputError if error is InputTypeError else error)
 
 
 def check_str_list(

@@ -15,7 +15,7 @@ import threading
 from collections.abc import Callable, Hashable
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from gpuprompt._device import DEVICE_RE, default_dtype, resolve_device
+from gpuprompt._device import check_device, default_dtype, resolve_device
 from gpuprompt.errors import ClosedError, ConfigurationError
 
 if TYPE_CHECKING:
@@ -45,10 +45,7 @@ class Runtime:
     """
 
     def __init__(self, device: str = "auto") -> None:
-        if not isinstance(device, str) or not DEVICE_RE.match(device):
-            raise ConfigurationError(
-                f"'device' must be 'auto', 'cpu', 'mps', 'cuda' or 'cuda:N' (got {device!r})."
-            )
+        check_device(device)
         self._device_request = device
         self._device: str | None = None
         self._lock = threading.Lock()
