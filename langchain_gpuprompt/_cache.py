@@ -16,6 +16,7 @@ from langchain_core.caches import RETURN_VAL_TYPE, BaseCache
 from langchain_core.embeddings import Embeddings
 from langchain_core.outputs import Generation
 
+from gpuprompt._validate import check_str
 from gpuprompt.errors import ConfigurationError, InputTypeError, describe
 from langchain_gpuprompt._embeddings import GPUPromptEmbeddings
 from langchain_gpuprompt._vectorstores import GPUPromptVectorStore
@@ -76,7 +77,12 @@ class GPUPromptSemanticCache(BaseCache):
 
     # ------------------------------------------------------------------ sync
     def lookup(self, prompt: str, llm_string: str) -> RETURN_VAL_TYPE | None:
-        """The cached generations for ``prompt`` (or a similar enough one) under ``llm_string``."""
+        """The cached generations for ``prompt`` (or a similar enough one) under ``llm_string``.
+
+        Raises:
+            InputTypeError: ``prompt`` or ``llm_string`` is not a str.
+            InvalidInputError: ``prompt`` or ``llm_string`` holds a lone surrogate.
+        """
         exact = self._exact(prompt, llm_string)
         if exact is not None or not self._generations:
             return exact
@@ -84,7 +90,14 @@ class GPUPromptSemanticCache(BaseCache):
         return self._accept(hits)
 
     def update(self, prompt: str, llm_string: str, return_val: RETURN_VAL_TYPE) -> None:
-        """Cache ``return_val`` for ``prompt`` under ``llm_string`` (replacing an older entry)."""
+        """Cache ``return_val`` for ``prompt`` under ``llm_string`` (replacing an older entry).
+
+        Raises:
+            InputTypeError: ``prompt`` or ``llm_string`` is not a str, or ``return_val`` is not a
+                list of ``Generation``.
+            InvalidInputError: ``prompt`` or ``llm_string`` holds a lone surrogate. Nothing
+                cached changes.
+        """
         key = self._check_update(prompt, llm_string, return_val)
         self._store.add_texts([_search_text(prompt)], [{"llm_string": llm_string}], ids=[key])
         with self._lock:
@@ -154,22 +167,28 @@ def _search_text(prompt: str) -> str:
         return prompt
     try:
         messages = json.loads(prompt)
-    except ValueError:
+    except (ValueError, RecursionError):  # not JSON, or JSON nested beyond the parser's stack
         return prompt
     texts: list[str] = []
     for message in messages if isinstance(messages, list) else []:
-        content = message.get("kwargs", {}).get("content") if isinstance(message, dict) else None
+        kwargs = message.get("kwargs") if isinstance(message, dict) else None
+        content = kwargs.get("content") if isinstance(kwargs, dict) else None
         if isinstance(content, str):
             texts.append(content)
         elif isinstance(content, list):
             texts.extend(str(b.get("text", "")) for b in content if isinstance(b, dict) and b.get("type") == "text")
-    return "\n".join(texts) if texts else prompt
+    joined = "\n".join(texts)
+    try:
+        joined.encode("utf-8")  # a JSON escape such as "\\ud800" decodes to a lone surrogate
+    except UnicodeEncodeError:
+        return prompt
+    return joined if texts else prompt
 
 
 def _check_str(name: str, value: Any) -> str:
-    if not isinstance(value, str):
-        raise InputTypeError(f"'{name}' must be a str (got {describe(value)}).")
-    return value
+    # Well-formed text too: a prompt with a lone surrogate could never be cached (nor embedded),
+    # so a lookup refuses it up front instead of letting the model run and the update fail.
+    return check_str(value, name)
 
 
 def _key(prompt: str, llm_string: str) -> str:

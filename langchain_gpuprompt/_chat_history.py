@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 from langchain_core.chat_history import BaseChatMessageHistory
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, SystemMessage
 
+from gpuprompt._validate import INT64_MAX, check_int, check_str
 from gpuprompt.errors import InputTypeError, InvalidInputError, describe
 
 if TYPE_CHECKING:
@@ -79,8 +80,7 @@ class GPUPromptChatMessageHistory(BaseChatMessageHistory):
     """
 
     def __init__(self, session_id: str, *, context_cache: ContextCache | None = None) -> None:
-        if not isinstance(session_id, str) or not session_id:
-            raise InputTypeError(f"'session_id' must be a non-empty str (got {describe(session_id)}).")
+        check_str(session_id, "session_id", allow_empty=False)
         if context_cache is not None:
             from gpuprompt.context import ContextCache
 
@@ -118,20 +118,44 @@ class GPUPromptChatMessageHistory(BaseChatMessageHistory):
 
         Raises:
             InputTypeError: ``query`` is not a str.
-            InvalidInputError: ``k`` is not an int >= 0.
+            InvalidInputError: ``k`` is not an int >= 0 (bools and ints beyond 64 bits are
+                refused), or ``query`` holds a lone surrogate.
         """
-        _check_query(query)
+        _check_query(query, k)
         return _to_messages(self.context_cache.window(self.session_id, query=query, max_turns=k, recent=0))
 
     async def arelevant_messages(self, query: str, k: int = 4) -> list[BaseMessage]:
         """Async :meth:`relevant_messages`: the query is embedded by the batched embedder."""
-        _check_query(query)
+        _check_query(query, k)
         return _to_messages(await self.context_cache.awindow(self.session_id, query=query, max_turns=k, recent=0))
 
     # ------------------------------------------------------------------ writes
+    def add_user_message(self, message: HumanMessage | str) -> None:
+        """Append a human message (a str is wrapped in a ``HumanMessage``).
+
+        Raises:
+            InputTypeError: ``message`` is neither a str nor a ``HumanMessage``.
+        """
+        self.add_messages([_message(message, HumanMessage)])
+
+    def add_ai_message(self, message: AIMessage | str) -> None:
+        """Append an AI message (a str is wrapped in an ``AIMessage``).
+
+        Raises:
+            InputTypeError: ``message`` is neither a str nor an ``AIMessage``.
+        """
+        self.add_messages([_message(message, AIMessage)])
+
     def add_messages(self, messages: Sequence[BaseMessage]) -> None:
         """Append messages (embedded together in one batched call). All are checked first:
-        a rejected call stores nothing."""
+        a rejected call stores nothing.
+
+        Raises:
+            InputTypeError: ``messages`` is not a list of ``BaseMessage`` (a bare message or str
+                included), or an item is not one.
+            InvalidInputError: a tool message, an AI message with tool calls, or a text holding
+                a lone surrogate.
+        """
         self.context_cache.extend(self.session_id, _to_turns(messages))
 
     async def aadd_messages(self, messages: Sequence[BaseMessage]) -> None:
@@ -147,14 +171,24 @@ class GPUPromptChatMessageHistory(BaseChatMessageHistory):
         self.clear()
 
 
-def _check_query(query: Any) -> None:
-    if not isinstance(query, str):
-        raise InputTypeError(f"'query' must be a str (got {describe(query)}).")
+def _check_query(query: Any, k: Any) -> None:
+    check_str(query, "query")
+    check_int(k, "k", min=0, max=INT64_MAX)
+
+
+def _message(message: Any, kind: type[BaseMessage]) -> BaseMessage:
+    if isinstance(message, str):
+        return kind(content=message)
+    if not isinstance(message, BaseMessage):
+        raise InputTypeError(f"'message' must be a str or a {kind.__name__} (got {describe(message)}).")
+    return message
 
 
 def _to_turns(messages: Sequence[BaseMessage]) -> list[tuple[str, str]]:
-    if isinstance(messages, BaseMessage) or not isinstance(messages, Sequence):
-        raise InputTypeError(f"'messages' must be a list of BaseMessage (got {describe(messages)}).")
+    if isinstance(messages, (BaseMessage, str, bytes)) or not isinstance(messages, Sequence):
+        raise InputTypeError(
+            f"'messages' must be a list of BaseMessage (got {describe(messages)}); wrap one message in a list."
+        )
     turns: list[tuple[str, str]] = []
     for position, message in enumerate(messages):
         if not isinstance(message, BaseMessage):
@@ -170,7 +204,7 @@ def _to_turns(messages: Sequence[BaseMessage]) -> list[tuple[str, str]]:
                 f"'messages[{position}]' is an AIMessage with tool_calls, which this history cannot keep "
                 "(it stores role and text only); store the final answer instead."
             )
-        turns.append((role, message.text))
+        turns.append((role, check_str(message.text, f"messages[{position}].content")))
     return turns
 
 

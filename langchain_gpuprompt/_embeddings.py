@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING, Any
 from langchain_core.embeddings import Embeddings
 from pydantic import BaseModel, ConfigDict, PrivateAttr
 
+from gpuprompt._validate import check_str
 from gpuprompt.embedder import EmbedderConfig
-from gpuprompt.errors import InputTypeError, describe
 
 if TYPE_CHECKING:
     import torch
@@ -146,7 +146,9 @@ class GPUPromptEmbeddings(BaseModel, Embeddings):
             One list of Python floats per text, in order.
 
         Raises:
-            InputTypeError: ``texts`` is not a list of str (the message names the bad item).
+            InputTypeError: ``texts`` is not a list of str -- a bare str is refused, not embedded
+                character by character (the message names the bad item).
+            InvalidInputError: a text holds a lone surrogate.
         """
         return self.embedder.embed(texts).tolist()
 
@@ -155,6 +157,7 @@ class GPUPromptEmbeddings(BaseModel, Embeddings):
 
         Raises:
             InputTypeError: ``text`` is not a str.
+            InvalidInputError: ``text`` holds a lone surrogate.
         """
         _check_text(text)
         return self.embedder.embed([text])[0].tolist()
@@ -173,5 +176,4 @@ class GPUPromptEmbeddings(BaseModel, Embeddings):
 
 
 def _check_text(text: Any) -> None:
-    if not isinstance(text, str):
-        raise InputTypeError(f"'text' must be a str (got {describe(text)}).")
+    check_str(text, "text")

@@ -18,12 +18,16 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from langchain_core.embeddings import Embeddings
 from langgraph.store.base import (
+    NOT_PROVIDED,
     BaseStore,
     GetOp,
     IndexConfig,
+    InvalidNamespaceError,
     Item,
     ListNamespacesOp,
     MatchCondition,
+    NamespacePath,
+    NotProvided,
     Op,
     PutOp,
     Result,
@@ -35,6 +39,7 @@ from langgraph.store.base import (
     tokenize_path,
 )
 
+from gpuprompt._validate import INT64_MAX, MAX_DEPTH, MAX_NODES, check_int, check_json, check_number, check_str, fail
 from gpuprompt.errors import ConfigurationError, InputTypeError, InvalidInputError, describe
 from langchain_gpuprompt._embeddings import GPUPromptEmbeddings
 from langchain_gpuprompt._vectorstores import GPUPromptVectorStore
@@ -42,9 +47,21 @@ from langchain_gpuprompt._vectorstores import GPUPromptVectorStore
 if TYPE_CHECKING:
     from gpuprompt.index import Hit
 
-__all__ = ["GPUPromptStore"]
+__all__ = ["GPUPromptStore", "NamespaceError", "NamespaceTypeError"]
 
 _Path = tuple[tuple[str, ...], str]
+
+
+class NamespaceError(InvalidInputError, InvalidNamespaceError):
+    """A refused namespace: gpuprompt's ``InvalidInputError`` and LangGraph's ``InvalidNamespaceError``.
+
+    Code written against LangGraph's ``BaseStore`` contract (which documents
+    ``InvalidNamespaceError``) and code catching gpuprompt errors both catch it.
+    """
+
+
+class NamespaceTypeError(InputTypeError, InvalidNamespaceError):
+    """A namespace (or one of its labels) of the wrong type; see :class:`NamespaceError`."""
 
 
 @dataclass
@@ -128,17 +145,17 @@ class GPUPromptStore(BaseStore):
             )
         self.ttl_config = dict(ttl) if ttl is not None else None  # type: ignore[assignment]
         default_ttl = (ttl or {}).get("default_ttl")
-        if default_ttl is not None and (not isinstance(default_ttl, (int, float)) or default_ttl <= 0):
+        if default_ttl is not None and check_number(default_ttl, "ttl.default_ttl", error=ConfigurationError) <= 0:
             raise ConfigurationError(f"'ttl.default_ttl' must be None or minutes > 0 (got {describe(default_ttl)}).")
         self._vectors: GPUPromptVectorStore | None = None
         self._fields: list[tuple[str, Any]] = []
         if index is not False:
             config = dict(index or {})
             embed = config.get("embed")
-            embeddings: Embeddings = GPUPromptEmbeddings() if embed is None else ensure_embeddings(embed)
+            embeddings: Embeddings = GPUPromptEmbeddings() if embed is None else _embeddings(embed)
             self._vectors = GPUPromptVectorStore(embeddings, device=device)
             fields = config.get("fields") or ["$"]
-            self._fields = [(path, path if path == "$" else tokenize_path(path)) for path in fields]
+            self._fields = _index_paths(fields, "index.fields", error=ConfigurationError)
         self.index_config = (  # type: ignore[assignment]
             {"fields": [path for path, _ in self._fields], "embed": self._vectors.embedding}
             if self._vectors is not None
@@ -156,6 +173,154 @@ class GPUPromptStore(BaseStore):
     def embeddings(self) -> Embeddings | None:
         """The embeddings used for semantic search (None when it is off)."""
         return self._vectors.embedding if self._vectors is not None else None
+
+    # ------------------------------------------------------------------ single-op API
+    # BaseStore's methods run LangGraph's own namespace checks (raising its InvalidNamespaceError,
+    # a bare ValueError to gpuprompt) before ``batch``; these run ours first, naming the argument.
+    def get(self, namespace: tuple[str, ...], key: str, *, refresh_ttl: bool | None = None) -> Item | None:
+        """The item at ``(namespace, key)``, or None.
+
+        Raises:
+            NamespaceError: a label is empty or holds '.', NUL or a lone surrogate.
+            NamespaceTypeError: ``namespace`` is not a tuple of str.
+            InputTypeError: ``key`` is not a str.
+        """
+        _check_namespace(namespace, "namespace")
+        check_str(key, "key")
+        return super().get(namespace, key, refresh_ttl=refresh_ttl)
+
+    async def aget(self, namespace: tuple[str, ...], key: str, *, refresh_ttl: bool | None = None) -> Item | None:
+        """Async :meth:`get`."""
+        _check_namespace(namespace, "namespace")
+        check_str(key, "key")
+        return await super().aget(namespace, key, refresh_ttl=refresh_ttl)
+
+    def put(
+        self,
+        namespace: tuple[str, ...],
+        key: str,
+        value: Mapping[str, Any],
+        index: Literal[False] | list[str] | None = None,
+        *,
+        ttl: float | None | NotProvided = NOT_PROVIDED,
+    ) -> None:
+        """Store ``value`` at ``(namespace, key)`` (replacing an item there).
+
+        Raises:
+            NamespaceError: ``namespace`` is empty, starts with "langgraph", or a label is empty
+                or holds '.', NUL or a lone surrogate.
+            NamespaceTypeError: ``namespace`` is not a tuple of str.
+            InputTypeError: ``key`` is not a str, ``value`` not a dict, ``index`` not a list of str.
+            InvalidInputError: ``value`` is not JSON (NaN, ints beyond 64 bits, lone surrogates,
+                cycles, nesting deeper than 31), or ``ttl`` is not minutes > 0. Nothing stored changes.
+        """
+        _check_put(PutOp(namespace, key, value, index, None if ttl is NOT_PROVIDED else ttl), "")
+        super().put(namespace, key, value, index, ttl=ttl)
+
+    async def aput(
+        self,
+        namespace: tuple[str, ...],
+        key: str,
+        value: Mapping[str, Any],
+        index: Literal[False] | list[str] | None = None,
+        *,
+        ttl: float | None | NotProvided = NOT_PROVIDED,
+    ) -> None:
+        """Async :meth:`put`."""
+        _check_put(PutOp(namespace, key, value, index, None if ttl is NOT_PROVIDED else ttl), "")
+        await super().aput(namespace, key, value, index, ttl=ttl)
+
+    def delete(self, namespace: tuple[str, ...], key: str) -> None:
+        """Delete the item at ``(namespace, key)`` (a missing item is ignored).
+
+        Raises:
+            NamespaceError, NamespaceTypeError: a malformed namespace (see :meth:`put`).
+            InputTypeError: ``key`` is not a str.
+        """
+        _check_namespace(namespace, "namespace")
+        check_str(key, "key")
+        super().delete(namespace, key)
+
+    async def adelete(self, namespace: tuple[str, ...], key: str) -> None:
+        """Async :meth:`delete`."""
+        _check_namespace(namespace, "namespace")
+        check_str(key, "key")
+        await super().adelete(namespace, key)
+
+    def search(
+        self,
+        namespace_prefix: tuple[str, ...],
+        /,
+        *,
+        query: str | None = None,
+        filter: dict[str, Any] | None = None,
+        limit: int = 10,
+        offset: int = 0,
+        refresh_ttl: bool | None = None,
+    ) -> list[SearchItem]:
+        """Items under ``namespace_prefix`` matching ``filter``, ranked by similarity to ``query``.
+
+        Raises:
+            NamespaceError, NamespaceTypeError: a malformed ``namespace_prefix``.
+            InvalidInputError: ``limit`` or ``offset`` is not an int in [0, 2**63 - 1] (bools are
+                refused), or ``query`` holds a lone surrogate.
+            FilterError: a malformed ``filter``.
+        """
+        _check_search(SearchOp(namespace_prefix, filter, limit, offset, query), "")
+        return super().search(
+            namespace_prefix, query=query, filter=filter, limit=limit, offset=offset, refresh_ttl=refresh_ttl
+        )
+
+    async def asearch(
+        self,
+        namespace_prefix: tuple[str, ...],
+        /,
+        *,
+        query: str | None = None,
+        filter: dict[str, Any] | None = None,
+        limit: int = 10,
+        offset: int = 0,
+        refresh_ttl: bool | None = None,
+    ) -> list[SearchItem]:
+        """Async :meth:`search`."""
+        _check_search(SearchOp(namespace_prefix, filter, limit, offset, query), "")
+        return await super().asearch(
+            namespace_prefix, query=query, filter=filter, limit=limit, offset=offset, refresh_ttl=refresh_ttl
+        )
+
+    def list_namespaces(
+        self,
+        *,
+        prefix: NamespacePath | None = None,
+        suffix: NamespacePath | None = None,
+        max_depth: int | None = None,
+        limit: int = 100,
+        offset: int = 0,
+    ) -> list[tuple[str, ...]]:
+        """The namespaces holding items, optionally under ``prefix`` / over ``suffix`` ('*' matches
+        any label), truncated to ``max_depth`` labels, paginated.
+
+        Raises:
+            NamespaceError, NamespaceTypeError: a malformed ``prefix`` or ``suffix``.
+            InvalidInputError: ``max_depth``, ``limit`` or ``offset`` is not an int >= 0.
+        """
+        _check_listing(prefix, suffix, max_depth, limit, offset)
+        return super().list_namespaces(prefix=prefix, suffix=suffix, max_depth=max_depth, limit=limit, offset=offset)
+
+    async def alist_namespaces(
+        self,
+        *,
+        prefix: NamespacePath | None = None,
+        suffix: NamespacePath | None = None,
+        max_depth: int | None = None,
+        limit: int = 100,
+        offset: int = 0,
+    ) -> list[tuple[str, ...]]:
+        """Async :meth:`list_namespaces`."""
+        _check_listing(prefix, suffix, max_depth, limit, offset)
+        return await super().alist_namespaces(
+            prefix=prefix, suffix=suffix, max_depth=max_depth, limit=limit, offset=offset
+        )
 
     # ------------------------------------------------------------------ batch API
     def batch(self, ops: Iterable[Op]) -> list[Result]:
@@ -203,9 +368,10 @@ class GPUPromptStore(BaseStore):
 
     # ------------------------------------------------------------------ reads
     def _read(self, ops: Iterable[Op]) -> _Reads:
-        ops = list(ops)
-        for position, op in enumerate(ops):
-            _check_op(op, position)
+        if isinstance(ops, (str, bytes, Mapping)) or not isinstance(ops, Iterable):
+            raise fail("ops", "a list of GetOp, SearchOp, PutOp or ListNamespacesOp", ops, error=InputTypeError)
+        # Every op is checked (puts get a detached JSON copy of their value) before anything runs.
+        ops = [_check_op(op, position) for position, op in enumerate(ops)]
         self.sweep_ttl()
         reads = _Reads(results=[None] * len(ops), searches=[], puts={})
         with self._lock:
@@ -259,13 +425,13 @@ class GPUPromptStore(BaseStore):
         if need > 0:
             vectors = self._vectors._embed_query(op.query)
             index = self._vectors._ensure_index(int(vectors.shape[1]))
-            k = need
-            while True:
+            k = min(need, len(index))
+            while k > 0:
                 hits = index.search(vectors, k, filter=core_filter)[0]
                 ranked = self._rank(hits)
-                if len(ranked) >= need or len(hits) < k:
+                if len(ranked) >= need or len(hits) < k or k >= len(index):
                     break
-                k *= 2
+                k = min(2 * k, len(index))
         return self._page(op, core_filter, ranked)
 
     async def _asearch(self, op: SearchOp) -> list[SearchItem]:
@@ -277,13 +443,13 @@ class GPUPromptStore(BaseStore):
         if need > 0:
             vectors = await self._vectors._aembed_query(op.query)
             index = self._vectors._ensure_index(int(vectors.shape[1]))
-            k = need
-            while True:
+            k = min(need, len(index))
+            while k > 0:
                 hits = (await index.asearch(vectors, k, filter=core_filter))[0]
                 ranked = self._rank(hits)
-                if len(ranked) >= need or len(hits) < k:
+                if len(ranked) >= need or len(hits) < k or k >= len(index):
                     break
-                k *= 2
+                k = min(2 * k, len(index))
         return self._page(op, core_filter, ranked)
 
     def _rank(self, hits: list[Hit]) -> list[tuple[float, _Entry]]:
@@ -342,7 +508,7 @@ class GPUPromptStore(BaseStore):
         for (namespace, key), op in puts.items():
             if op.value is None or op.index is False:
                 continue
-            paths = self._fields if op.index is None else [(p, tokenize_path(p)) for p in op.index]
+            paths = self._fields if op.index is None else _index_paths(op.index, "index")
             for path, tokens in paths:
                 found = get_text_at_path(op.value, tokens)
                 names = [path] if len(found) == 1 else [f"{path}.{i}" for i in range(len(found))]
@@ -390,7 +556,7 @@ class GPUPromptStore(BaseStore):
                             del self._data[namespace]
                     continue
                 item = Item(
-                    value=dict(op.value),
+                    value=op.value,  # the detached JSON copy made when the op was checked
                     key=key,
                     namespace=namespace,
                     created_at=old.item.created_at if old is not None else now,
@@ -404,35 +570,138 @@ class GPUPromptStore(BaseStore):
 
 
 # ---------------------------------------------------------------------- helpers
-def _check_op(op: Any, position: int) -> None:
-    if not isinstance(op, (GetOp, SearchOp, PutOp, ListNamespacesOp)):
-        raise InputTypeError(
-            f"'ops[{position}]' must be a GetOp, SearchOp, PutOp or ListNamespacesOp (got {describe(op)})."
+def _embeddings(embed: Any) -> Embeddings:
+    if not isinstance(embed, (Embeddings, str)) and not callable(embed):
+        raise fail(
+            "index.embed",
+            "None, a LangChain Embeddings, a provider string or an embedding function",
+            embed,
+            error=ConfigurationError,
         )
+    try:
+        return ensure_embeddings(embed)
+    except (TypeError, ValueError, ImportError) as exc:  # e.g. a provider string that cannot load
+        raise ConfigurationError(f"'index.embed' could not be loaded (got {describe(embed)}): {exc}") from None
+
+
+def _check_op(op: Any, position: int) -> Op:
+    """Check one op of a batch; returns it with a namespace tuple and, for a put, a detached
+    JSON copy of the value (what gets stored)."""
+    prefix = f"ops[{position}]."
     if isinstance(op, PutOp):
-        if not op.namespace or not all(isinstance(label, str) and label for label in op.namespace):
-            raise InvalidInputError(
-                f"'ops[{position}].namespace' must be a non-empty tuple of non-empty str "
-                f"(got {describe(op.namespace)})."
-            )
-        if op.value is not None:
-            if not isinstance(op.value, Mapping):
-                raise InputTypeError(f"'ops[{position}].value' must be a dict or None (got {describe(op.value)}).")
-            try:
-                json.dumps(op.value)
-            except (TypeError, ValueError) as exc:
-                raise InvalidInputError(
-                    f"'ops[{position}].value' must be JSON-serialisable (got {describe(op.value)}): {exc}."
-                ) from exc
-        if op.ttl is not None and (not isinstance(op.ttl, (int, float)) or op.ttl <= 0):
-            raise InvalidInputError(f"'ops[{position}].ttl' must be None or minutes > 0 (got {describe(op.ttl)}).")
+        return _check_put(op, prefix)
+    if isinstance(op, GetOp):
+        namespace = _check_namespace(op.namespace, prefix + "namespace")
+        check_str(op.key, prefix + "key")
+        return op._replace(namespace=namespace)
     if isinstance(op, SearchOp):
-        for name in ("limit", "offset"):
-            value = getattr(op, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-                raise InvalidInputError(f"'ops[{position}].{name}' must be an int >= 0 (got {describe(value)}).")
-        if op.query is not None and not isinstance(op.query, str):
-            raise InputTypeError(f"'ops[{position}].query' must be None or a str (got {describe(op.query)}).")
+        return _check_search(op, prefix)
+    if isinstance(op, ListNamespacesOp):
+        conditions = op.match_conditions
+        if conditions is not None:
+            if isinstance(conditions, (str, bytes)) or not isinstance(conditions, (tuple, list)):
+                raise fail(
+                    prefix + "match_conditions", "None or a tuple of MatchCondition", conditions, error=InputTypeError
+                )
+            for i, condition in enumerate(conditions):
+                name = f"{prefix}match_conditions[{i}]"
+                if not isinstance(condition, MatchCondition):
+                    raise fail(name, "a MatchCondition", condition, error=InputTypeError)
+                if condition.match_type not in ("prefix", "suffix"):
+                    raise fail(name + ".match_type", "'prefix' or 'suffix'", condition.match_type)
+                _check_namespace(condition.path, name + ".path")
+        check_int(op.max_depth, prefix + "max_depth", min=0, max=INT64_MAX, allow_none=True)
+        check_int(op.limit, prefix + "limit", min=0, max=INT64_MAX)
+        check_int(op.offset, prefix + "offset", min=0, max=INT64_MAX)
+        return op
+    raise fail(f"ops[{position}]", "a GetOp, SearchOp, PutOp or ListNamespacesOp", op, error=InputTypeError)
+
+
+def _check_namespace(value: Any, name: str, *, put: bool = False) -> tuple[str, ...]:
+    """A namespace (``put=True``: one an item is stored under), a prefix or a match path ('*' is
+    a plain label here; a match path reads it as any label).
+
+    The rules are LangGraph's (non-empty str labels without '.' or NUL; a put's namespace is
+    non-empty and not under "langgraph") plus well-formed Unicode; a bare str, which LangGraph
+    would take label by character, is refused.
+    """
+    if isinstance(value, (str, bytes)) or not isinstance(value, (tuple, list)):
+        raise fail(name, "a tuple of str labels such as ('users', '42')", value, error=NamespaceTypeError)
+    if put and not value:
+        raise fail(name, "a non-empty tuple of str labels such as ('users', '42')", value, error=NamespaceError)
+    for i, label in enumerate(value):
+        label_name = f"{name}[{i}]"
+        if not isinstance(label, str):
+            raise fail(label_name, "a str", label, error=NamespaceTypeError)
+        if not label or "." in label or "\x00" in label:
+            raise fail(label_name, "a non-empty str without '.' or NUL", label, error=NamespaceError)
+        try:
+            check_str(label, label_name)
+        except InvalidInputError as exc:
+            raise NamespaceError(str(exc)) from None
+    if put and value[0] == "langgraph":
+        raise fail(name, "a namespace whose first label is not 'langgraph' (reserved)", value, error=NamespaceError)
+    return tuple(value)
+
+
+def _check_put(op: PutOp, prefix: str) -> PutOp:
+    namespace = _check_namespace(op.namespace, prefix + "namespace", put=True)
+    check_str(op.key, prefix + "key")
+    value = op.value
+    if value is not None:
+        if not isinstance(value, Mapping):
+            raise fail(prefix + "value", "a dict or None", value, error=InputTypeError)
+        # The value is stored inside the index record's metadata, one level down, beside the
+        # namespace labels and the key: bounded here so the record is never refused later.
+        value = check_json(value, prefix + "value", max_depth=MAX_DEPTH - 1, max_nodes=MAX_NODES - len(namespace) - 8)
+    index = op.index
+    if index is not None and index is not False:
+        _index_paths(index, prefix + "index")
+    if op.ttl is not None:
+        try:
+            ttl = check_number(op.ttl, prefix + "ttl")
+        except InvalidInputError:
+            ttl = None
+        if ttl is None or ttl <= 0:
+            raise fail(prefix + "ttl", "None or a finite number of minutes > 0", op.ttl)
+    return op._replace(namespace=namespace, value=value)
+
+
+def _check_search(op: SearchOp, prefix: str) -> SearchOp:
+    namespace = _check_namespace(op.namespace_prefix, prefix + "namespace_prefix")
+    check_int(op.limit, prefix + "limit", min=0, max=INT64_MAX)
+    check_int(op.offset, prefix + "offset", min=0, max=INT64_MAX)
+    check_str(op.query, prefix + "query", allow_none=True)
+    if op.filter is not None:
+        if not isinstance(op.filter, Mapping):
+            raise fail(prefix + "filter", "None or a dict such as {'color': 'red'}", op.filter, error=InputTypeError)
+        # Bounded, acyclic, str keys: the translation below recurses over it.
+        check_json(op.filter, prefix + "filter")
+    return op._replace(namespace_prefix=namespace)
+
+
+def _check_listing(prefix: Any, suffix: Any, max_depth: Any, limit: Any, offset: Any) -> None:
+    if prefix is not None:
+        _check_namespace(prefix, "prefix")
+    if suffix is not None:
+        _check_namespace(suffix, "suffix")
+    check_int(max_depth, "max_depth", min=0, max=INT64_MAX, allow_none=True)
+    check_int(limit, "limit", min=0, max=INT64_MAX)
+    check_int(offset, "offset", min=0, max=INT64_MAX)
+
+
+def _index_paths(paths: Any, name: str, *, error: type[Exception] = InputTypeError) -> list[tuple[str, Any]]:
+    """The JSON paths to embed, each with its tokens ("$" is the whole value)."""
+    if isinstance(paths, (str, bytes)) or not isinstance(paths, (list, tuple)):
+        raise fail(name, "a list of JSON paths such as ['text']", paths, error=error)
+    out: list[tuple[str, Any]] = []
+    for i, path in enumerate(paths):
+        try:
+            check_str(path, f"{name}[{i}]", allow_empty=False)
+        except InvalidInputError as exc:
+            raise error(str(exc)) from None
+        out.append((path, path if path == "$" else tokenize_path(path)))
+    return out
 
 
 def _metadata(namespace: tuple[str, ...], key: str, value: Mapping[str, Any]) -> dict[str, Any]:

@@ -7,8 +7,9 @@ batching of concurrent queries and persistence all live in the core index.
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -17,6 +18,7 @@ from langchain_core.embeddings import Embeddings
 from langchain_core.vectorstores import VectorStore
 from typing_extensions import Self
 
+from gpuprompt._validate import check_metadata, check_number, check_str, fail
 from gpuprompt.errors import ConfigurationError, InputTypeError, InvalidInputError, describe
 from langchain_gpuprompt._embeddings import GPUPromptEmbeddings
 
@@ -318,7 +320,7 @@ class GPUPromptVectorStore(VectorStore):
     ) -> list[Document]:
         """Async :meth:`similarity_search_by_vector`."""
         _search_kwargs(kwargs)
-        vectors = _as_matrix([embedding], "embedding")
+        vectors = _vector(embedding)
         index = self._ensure_index(int(vectors.shape[1]))
         return [doc for doc, _ in _scored((await index.asearch(vectors, k, filter=filter))[0])]
 
@@ -327,7 +329,7 @@ class GPUPromptVectorStore(VectorStore):
     ) -> list[tuple[Document, float]]:
         """Like :meth:`similarity_search_by_vector`, with scores (higher is more similar)."""
         _search_kwargs(kwargs)
-        return _scored(self._search(_as_matrix([embedding], "embedding"), k, filter))
+        return _scored(self._search(_vector(embedding), k, filter))
 
     def _search(self, vectors: Any, k: int, filter: dict[str, Any] | None) -> list[Hit]:
         index = self._ensure_index(int(vectors.shape[1]))
@@ -343,6 +345,26 @@ class GPUPromptVectorStore(VectorStore):
         if self._metric == "l2":
             return _identity
         return _clamp01
+
+    def similarity_search_with_relevance_scores(
+        self, query: str, k: int = 4, **kwargs: Any
+    ) -> list[tuple[Document, float]]:
+        """Documents with relevance scores in [0, 1]; ``score_threshold`` (optional) drops the
+        less relevant ones.
+
+        Raises:
+            InvalidInputError: ``score_threshold`` is not a finite number (NaN would silently drop
+                every document).
+        """
+        _check_score_threshold(kwargs)
+        return super().similarity_search_with_relevance_scores(query, k, **kwargs)
+
+    async def asimilarity_search_with_relevance_scores(
+        self, query: str, k: int = 4, **kwargs: Any
+    ) -> list[tuple[Document, float]]:
+        """Async :meth:`similarity_search_with_relevance_scores`."""
+        _check_score_threshold(kwargs)
+        return await super().asimilarity_search_with_relevance_scores(query, k, **kwargs)
 
     # ------------------------------------------------------------------ MMR
     def max_marginal_relevance_search(
@@ -393,7 +415,7 @@ class GPUPromptVectorStore(VectorStore):
     ) -> list[Document]:
         """:meth:`max_marginal_relevance_search` from an embedding vector."""
         _no_kwargs("max_marginal_relevance_search_by_vector", kwargs)
-        return self._mmr(_as_matrix([embedding], "embedding"), k, fetch_k, lambda_mult, filter)
+        return self._mmr(_vector(embedding), k, fetch_k, lambda_mult, filter)
 
     async def amax_marginal_relevance_search_by_vector(
         self,
@@ -406,7 +428,7 @@ class GPUPromptVectorStore(VectorStore):
     ) -> list[Document]:
         """Async :meth:`max_marginal_relevance_search_by_vector`."""
         _no_kwargs("amax_marginal_relevance_search_by_vector", kwargs)
-        return await self._ammr(_as_matrix([embedding], "embedding"), k, fetch_k, lambda_mult, filter)
+        return await self._ammr(_vector(embedding), k, fetch_k, lambda_mult, filter)
 
     def _mmr(
         self, vectors: Any, k: int, fetch_k: int, lambda_mult: float, filter: dict[str, Any] | None
@@ -460,11 +482,18 @@ class GPUPromptVectorStore(VectorStore):
         Vectors go in the backend's native format, documents and metadata as JSON, with a
         checksummed manifest; the snapshot is written aside and renamed into place, so a crash
         mid-save leaves the previous snapshot intact. Nothing is pickled.
+
+        Raises:
+            InvalidInputError: ``index_name`` is not a plain name (empty, ``.``/``..``, or holding
+                ``/``, ``\\`` or NUL: it would write outside ``folder_path``), or ``folder_path`` is
+                empty or holds NUL.
+            InputTypeError: ``folder_path`` or ``index_name`` has the wrong type.
         """
+        folder = _check_folder(folder_path, "folder_path")
+        name = _check_name(index_name, "index_name")
         index = self._index if self._index is not None else self._ensure_index(self._embedding_dim())
-        folder = Path(folder_path)
         folder.mkdir(parents=True, exist_ok=True)
-        index.save(folder / index_name)
+        index.save(folder / name)
 
     @classmethod
     def load_local(
@@ -490,10 +519,14 @@ class GPUPromptVectorStore(VectorStore):
 
         Raises:
             SnapshotError: the snapshot is missing, truncated, tampered with or of another format.
+            InvalidInputError: ``index_name`` is not a plain name (it would read outside
+                ``folder_path``; see :meth:`save_local`).
         """
         from gpuprompt.index import VectorIndex
 
-        index = VectorIndex.load(Path(folder_path) / index_name, device=device)
+        folder = _check_folder(folder_path, "folder_path")
+        name = _check_name(index_name, "index_name")
+        index = VectorIndex.load(folder / name, device=device)
         return cls(embeddings, index=index, **kwargs)
 
 
@@ -507,17 +540,50 @@ def _clamp01(score: float) -> float:
 
 
 def _check_query(query: Any) -> None:
-    if not isinstance(query, str):
-        raise InputTypeError(f"'query' must be a str (got {describe(query)}).")
+    check_str(query, "query")
+
+
+def _check_score_threshold(kwargs: dict[str, Any]) -> None:
+    if kwargs.get("score_threshold") is not None:
+        check_number(kwargs["score_threshold"], "score_threshold")
 
 
 def _check_ids(ids: Any) -> list[str]:
     if isinstance(ids, (str, bytes)) or not isinstance(ids, Sequence):
         raise InputTypeError(f"'ids' must be a list of str (got {describe(ids)}).")
     for position, item in enumerate(ids):
-        if not isinstance(item, str):
-            raise InputTypeError(f"'ids[{position}]' must be a str (got {describe(item)}).")
+        check_str(item, f"ids[{position}]")
     return list(ids)
+
+
+def _check_folder(value: Any, name: str) -> Path:
+    """A folder path: a str or ``os.PathLike``, non-empty, without NUL or lone surrogates."""
+    if isinstance(value, os.PathLike):
+        value = os.fspath(value)
+    if not isinstance(value, str):
+        raise fail(name, "a str or os.PathLike folder path", value, error=InputTypeError)
+    if not value or "\x00" in value:
+        raise fail(name, "a non-empty folder path without NUL characters", value)
+    check_str(value, name)
+    return Path(value)
+
+
+def _check_name(value: Any, name: str) -> str:
+    """One path component: a non-empty str without separators, NUL, '.' or '..'.
+
+    The name is joined to a folder; a separator, ``..`` or an absolute path would put the
+    snapshot (and the files a load reads) outside that folder.
+    """
+    check_str(value, name)
+    separators = {"/", "\\", os.sep} | ({os.altsep} if os.altsep else set())
+    if not value or value in (".", "..") or "\x00" in value or any(sep in value for sep in separators):
+        raise fail(
+            name,
+            "a plain name: non-empty, without '/', '\\', NUL, and not '.' or '..'",
+            value,
+            fix="Pick a name such as 'index'; pass the folder as folder_path.",
+        )
+    return value
 
 
 def _no_kwargs(method: str, kwargs: dict[str, Any]) -> None:
@@ -538,48 +604,103 @@ def _search_kwargs(kwargs: dict[str, Any]) -> None:
 
 
 def _as_matrix(rows: Any, name: str) -> Any:
+    """``rows`` as a 2-D float32 array; strs, bools, None, objects and ragged rows are refused.
+
+    ``np.asarray(rows, dtype=float32)`` would turn ``"1.5"`` and ``True`` into numbers: the array
+    is built without a dtype first, and only integer or float arrays are accepted.
+    """
     import numpy as np
 
+    if rows is None or isinstance(rows, (str, bytes, Mapping)):
+        raise fail(name, "a list of numbers (or rows of them)", rows, error=InputTypeError)
     try:
-        matrix = np.asarray(rows, dtype=np.float32)
-    except (TypeError, ValueError) as exc:
-        raise InputTypeError(f"'{name}' must be a list of floats (or rows of them) (got {describe(rows)}).") from exc
+        matrix = np.asarray(rows)
+    except (TypeError, ValueError, OverflowError):
+        raise fail(name, "a list of numbers (or rows of them, all of one length)", rows, error=InputTypeError) from None
+    if matrix.dtype.kind not in "iuf":
+        raise fail(name, "a list of numbers (or rows of them)", rows, error=InputTypeError)
     if matrix.ndim != 2:
         raise InputTypeError(f"'{name}' must be a flat list of floats (got an array of shape {matrix.shape[1:]}).")
-    return matrix
+    with np.errstate(over="ignore"):
+        return matrix.astype(np.float32)
+
+
+def _listed(value: Any, name: str, what: str) -> list[Any]:
+    """A list from a list, tuple or other iterable; a bare str, bytes or dict is refused."""
+    if isinstance(value, (str, bytes)):
+        raise fail(
+            name,
+            f"a list of {what}",
+            value,
+            fix=f"For one item, wrap it in a list: [{name[:-1]}].",
+            error=InputTypeError,
+        )
+    if isinstance(value, Mapping) or not isinstance(value, Iterable):
+        raise fail(name, f"a list of {what}", value, error=InputTypeError)
+    return list(value)
+
+
+def _vector(embedding: Any) -> Any:
+    """One query embedding (a flat list of numbers) as a ``(1, dim)`` float32 array.
+
+    Strs, bools, None, objects and nested lists are refused, not coerced.
+    """
+    import numpy as np
+
+    expected = "a flat list of numbers (an embedding)"
+    if embedding is None or isinstance(embedding, (str, bytes, Mapping)):
+        raise fail("embedding", expected, embedding, error=InputTypeError)
+    try:
+        array = np.asarray(embedding)
+    except (TypeError, ValueError, OverflowError):
+        raise fail("embedding", expected, embedding, error=InputTypeError) from None
+    if array.dtype.kind not in "iuf" or array.ndim != 1:
+        raise fail("embedding", expected, embedding, error=InputTypeError)
+    with np.errstate(over="ignore"):  # beyond float32 becomes inf, which the core refuses by name
+        return array.astype(np.float32)[None, :]
 
 
 def _prepare(
-    texts: Iterable[str], metadatas: list[dict[str, Any]] | None, ids: list[str | None] | None
+    texts: Iterable[str], metadatas: Iterable[dict[str, Any] | None] | None, ids: Iterable[str | None] | None
 ) -> tuple[list[str], list[dict[str, Any]] | None, list[str | None] | None]:
-    if isinstance(texts, (str, bytes)):
-        raise InputTypeError("'texts' must be a list of str, got a bare str; wrap it in a list: [text].")
-    texts = list(texts)
+    """Check every argument of an add before anything is embedded or stored.
+
+    Texts must be well-formed strs; each metadata a JSON dict (or None) -- the detached copy made
+    here is what gets stored, so a value changed by the caller later cannot change the store.
+    """
+    texts = _listed(texts, "texts", "str")
     for position, text in enumerate(texts):
-        if not isinstance(text, str):
-            raise InputTypeError(f"'texts[{position}]' must be a str (got {describe(text)}).")
+        check_str(text, f"texts[{position}]")
     if metadatas is not None:
+        metadatas = _listed(metadatas, "metadatas", "dicts (or None), one per text")
         if len(metadatas) != len(texts):
             raise InvalidInputError(
                 f"'metadatas' must have one entry per text ({len(texts)}) (got {len(metadatas)} entries)."
             )
-        metadatas = [dict(m) if m is not None else {} for m in metadatas]
-    if ids is not None and (isinstance(ids, (str, bytes)) or len(ids) != len(texts)):
-        got = f"a bare {type(ids).__name__}" if isinstance(ids, (str, bytes)) else f"{len(ids)} entries"
-        raise InvalidInputError(f"'ids' must be a list with one entry per text ({len(texts)}) (got {got}).")
+        metadatas = [check_metadata(m, f"metadatas[{position}]") for position, m in enumerate(metadatas)]
+    if ids is not None:
+        ids = _listed(ids, "ids", "str (or None), one per text")
+        if len(ids) != len(texts):
+            raise InvalidInputError(
+                f"'ids' must be a list with one entry per text ({len(texts)}) (got {len(ids)} entries)."
+            )
+        for position, key in enumerate(ids):
+            if key is not None:
+                check_str(key, f"ids[{position}]", allow_empty=False)
     # Checked before embedding so a bad call costs nothing; None ids are generated by the index.
     return texts, metadatas, ids
 
 
-def _from_documents(documents: list[Document], kwargs: dict[str, Any]) -> tuple[list[str], list[dict[str, Any]], Any]:
-    if isinstance(documents, Document) or not isinstance(documents, Sequence):
+def _from_documents(documents: list[Document], kwargs: dict[str, Any]) -> tuple[list[str], list[Any], Any]:
+    if isinstance(documents, (Document, str, bytes)) or not isinstance(documents, Sequence):
         raise InputTypeError(f"'documents' must be a list of Document (got {describe(documents)}).")
     for position, doc in enumerate(documents):
         if not isinstance(doc, Document):
             raise InputTypeError(f"'documents[{position}]' must be a Document (got {describe(doc)}).")
     ids = kwargs.pop("ids", None)
-    if ids is None and any(doc.id for doc in documents):
+    if ids is None and any(doc.id is not None for doc in documents):
         ids = [doc.id for doc in documents]
+    # The checks (and their messages) are add_texts': texts[i], metadatas[i], ids[i] = documents[i].
     return [doc.page_content for doc in documents], [doc.metadata for doc in documents], ids
 
 

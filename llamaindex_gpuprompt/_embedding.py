@@ -6,11 +6,14 @@ embeddings of many concurrent ``aquery`` calls are computed together in one forw
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from llama_index.core.base.embeddings.base import BaseEmbedding, Embedding
 from llama_index.core.bridge.pydantic import ConfigDict, Field, PrivateAttr
+from llama_index.core.schema import BaseNode
 
+from gpuprompt._validate import check_str, check_str_list, fail
 from gpuprompt.errors import ConfigurationError, InputTypeError, describe
 from gpuprompt.models import BUNDLED_EMBEDDING_MODEL
 from llamaindex_gpuprompt._common import check_options
@@ -19,8 +22,6 @@ if TYPE_CHECKING:
     from gpuprompt.embedder import Embedder
 
 __all__ = ["GPUPromptEmbedding"]
-
-
 
 class GPUPromptEmbedding(BaseEmbedding):
     """LlamaIndex embedding model backed by gpuprompt's batched, device-cached Embedder.
@@ -100,18 +101,60 @@ class GPUPromptEmbedding(BaseEmbedding):
         return self._embedder
 
     def _queries(self, query: Any) -> list[str]:
-        if not isinstance(query, str):
-            raise InputTypeError(f"'query' must be a str (got {describe(query)}).")
+        check_str(query, "query")
         return [self.query_instruction + query if self.query_instruction else query]
 
     def _texts(self, texts: Any, name: str = "texts") -> list[str]:
-        if isinstance(texts, str) or not isinstance(texts, (list, tuple)):
-            raise InputTypeError(f"'{name}' must be a list of str (got {describe(texts)}).")
-        for index, text in enumerate(texts):
-            if not isinstance(text, str):
-                raise InputTypeError(f"'{name}[{index}]' must be a str (got {describe(text)}).")
+        texts = check_str_list(texts, name)
         prefix = self.text_instruction
-        return [prefix + text for text in texts] if prefix else list(texts)
+        return [prefix + text for text in texts] if prefix else texts
+
+    # ------------------------------------------------------------------ public entries
+    # BaseEmbedding's batch methods iterate their argument before any hook runs: a bare str would
+    # be embedded character by character ("abc" -> 3 vectors). They are checked here first.
+    def get_text_embedding_batch(self, texts: list[str], show_progress: bool = False, **kwargs: Any) -> list[Embedding]:
+        """Embed a list of texts (chunked by ``embed_batch_size``; the core batches across calls).
+
+        Raises:
+            InputTypeError: ``texts`` is not a list of str (a bare str is refused, not split).
+            InvalidInputError: a text holds a lone surrogate.
+        """
+        return super().get_text_embedding_batch(check_str_list(texts, "texts"), show_progress, **kwargs)
+
+    async def aget_text_embedding_batch(
+        self, texts: list[str], show_progress: bool = False, **kwargs: Any
+    ) -> list[Embedding]:
+        """Async :meth:`get_text_embedding_batch`."""
+        return await super().aget_text_embedding_batch(check_str_list(texts, "texts"), show_progress, **kwargs)
+
+    def get_agg_embedding_from_queries(
+        self, queries: list[str], agg_fn: Callable[..., Embedding] | None = None
+    ) -> Embedding:
+        """The aggregate (mean by default) of the queries' embeddings.
+
+        Raises:
+            InputTypeError: ``queries`` is not a list of str (a bare str is refused, not split).
+            InvalidInputError: ``queries`` is empty (the mean of nothing is NaN).
+        """
+        return super().get_agg_embedding_from_queries(_query_list(queries), agg_fn)
+
+    async def aget_agg_embedding_from_queries(
+        self, queries: list[str], agg_fn: Callable[..., Embedding] | None = None
+    ) -> Embedding:
+        """Async :meth:`get_agg_embedding_from_queries`."""
+        return await super().aget_agg_embedding_from_queries(_query_list(queries), agg_fn)
+
+    def __call__(self, nodes: Sequence[BaseNode], **kwargs: Any) -> Sequence[BaseNode]:
+        """Embed ``nodes`` in place (the ingestion-pipeline transform).
+
+        Raises:
+            InputTypeError: ``nodes`` is not a list of LlamaIndex nodes.
+        """
+        return super().__call__(_node_list(nodes), **kwargs)
+
+    async def acall(self, nodes: Sequence[BaseNode], **kwargs: Any) -> Sequence[BaseNode]:
+        """Async :meth:`__call__`."""
+        return await super().acall(_node_list(nodes), **kwargs)
 
     # ------------------------------------------------------------------ BaseEmbedding hooks
     def _get_query_embedding(self, query: str) -> Embedding:
@@ -121,13 +164,11 @@ class GPUPromptEmbedding(BaseEmbedding):
         return (await self.embedder.aembed(self._queries(query)))[0].tolist()
 
     def _get_text_embedding(self, text: str) -> Embedding:
-        if not isinstance(text, str):
-            raise InputTypeError(f"'text' must be a str (got {describe(text)}).")
+        check_str(text, "text")
         return self.embedder.embed(self._texts([text]))[0].tolist()
 
     async def _aget_text_embedding(self, text: str) -> Embedding:
-        if not isinstance(text, str):
-            raise InputTypeError(f"'text' must be a str (got {describe(text)}).")
+        check_str(text, "text")
         return (await self.embedder.aembed(self._texts([text])))[0].tolist()
 
     def _get_text_embeddings(self, texts: list[str]) -> list[Embedding]:
@@ -135,3 +176,19 @@ class GPUPromptEmbedding(BaseEmbedding):
 
     async def _aget_text_embeddings(self, texts: list[str]) -> list[Embedding]:
         return (await self.embedder.aembed(self._texts(texts))).tolist()
+
+
+def _query_list(queries: Any) -> list[str]:
+    queries = check_str_list(queries, "queries")
+    if not queries:
+        raise fail("queries", "a non-empty list of str", queries, fix="The mean of no embeddings is undefined.")
+    return queries
+
+
+def _node_list(nodes: Any) -> list[BaseNode]:
+    if isinstance(nodes, (BaseNode, str, bytes)) or not isinstance(nodes, Sequence):
+        raise fail("nodes", "a list of LlamaIndex nodes", nodes, error=InputTypeError)
+    for i, node in enumerate(nodes):
+        if not isinstance(node, BaseNode):
+            raise fail(f"nodes[{i}]", "a LlamaIndex node", node, error=InputTypeError)
+    return list(nodes)

@@ -10,9 +10,18 @@ from typing import Any
 
 from llama_index.core.vector_stores.types import FilterCondition, FilterOperator, MetadataFilter, MetadataFilters
 
-from gpuprompt.errors import FilterError, describe
+from gpuprompt._validate import MAX_DEPTH, check_text
+from gpuprompt.errors import FilterError, InvalidInputError, describe
 
-__all__ = ["to_core_filter"]
+__all__ = ["RESERVED_KEY", "is_reserved_key", "to_core_filter"]
+
+RESERVED_KEY = "_llamaindex_node"
+"""The metadata key under which ``GPUPromptVectorStore`` keeps its own bookkeeping per node.
+
+The core resolves a dotted field name such as ``"_llamaindex_node.ref_doc_id"`` by a literal key of
+that name first, then by walking nested dicts; so both the key itself and every key starting with
+``"_llamaindex_node."`` are reserved: user metadata may not hold them and user filters may not
+name them (they would read the store's bookkeeping, not the user's metadata)."""
 
 _COMPARE = {
     FilterOperator.EQ: "$eq",
@@ -23,6 +32,11 @@ _COMPARE = {
     FilterOperator.LTE: "$lte",
     FilterOperator.CONTAINS: "$contains",
 }
+
+
+def is_reserved_key(key: str) -> bool:
+    """Whether a metadata key (or filter field) collides with the store's bookkeeping."""
+    return key == RESERVED_KEY or key.startswith(RESERVED_KEY + ".")
 
 
 def to_core_filter(filters: MetadataFilters | None) -> dict[str, Any] | None:
@@ -46,8 +60,10 @@ def to_core_filter(filters: MetadataFilters | None) -> dict[str, Any] | None:
         The core filter dict, or None when there is nothing to filter on (None or no filters).
 
     Raises:
-        FilterError: an operand of the wrong shape for its operator, or an empty nested
-            ``MetadataFilters``; the message names the filter's path.
+        FilterError: an operand of the wrong shape for its operator, an unknown operator or
+            condition, a key that is not a str or names the store's reserved bookkeeping key,
+            nesting deeper than 32 levels (or a cycle), or an empty nested ``MetadataFilters``;
+            the message names the filter's path.
     """
     if filters is None:
         return None
@@ -55,22 +71,45 @@ def to_core_filter(filters: MetadataFilters | None) -> dict[str, Any] | None:
         raise FilterError(f"'filters' must be a MetadataFilters or None (got {describe(filters)})", path="filters")
     if not filters.filters:
         return None
-    return _group(filters, "filters")
+    return _group(filters, "filters", 0)
 
 
-def _group(filters: MetadataFilters, path: str) -> dict[str, Any]:
-    if not filters.filters:
+def _condition(value: Any, path: str) -> FilterCondition:
+    if value is None:
+        return FilterCondition.AND
+    try:
+        return FilterCondition(value)
+    except (ValueError, TypeError):
+        valid = [c.value for c in FilterCondition]
+        raise FilterError(f"'condition' must be one of {valid} (got {describe(value)})", path=path) from None
+
+
+def _group(filters: MetadataFilters, path: str, depth: int) -> dict[str, Any]:
+    # Depth-bounded, so a hostile nesting (or a cycle) is a FilterError, never a RecursionError.
+    # The core then bounds the translated filter's own depth (each level here adds two or three).
+    if depth >= MAX_DEPTH:
+        raise FilterError(
+            f"MetadataFilters must be nested at most {MAX_DEPTH} levels deep (got deeper, or a cycle); "
+            "flatten the conditions",
+            path=path,
+        )
+    items = filters.filters
+    if isinstance(items, (str, bytes)) or not isinstance(items, (list, tuple)):
+        raise FilterError(f"'filters' must be a list of filters (got {describe(items)})", path=path)
+    if not items:
         raise FilterError("a nested MetadataFilters must hold at least one filter (got an empty list)", path=path)
+    condition = _condition(filters.condition, f"{path}.condition")
     clauses = []
-    for i, item in enumerate(filters.filters):
+    for i, item in enumerate(items):
         child = f"{path}.filters[{i}]"
         if isinstance(item, MetadataFilters):
-            clauses.append(_group(item, child))
+            clauses.append(_group(item, child, depth + 1))
         elif isinstance(item, MetadataFilter):
             clauses.append(_clause(item, child))
         else:
-            raise FilterError(f"each filter must be a MetadataFilter or MetadataFilters (got {describe(item)})", path=child)
-    condition = filters.condition or FilterCondition.AND
+            raise FilterError(
+                f"each filter must be a MetadataFilter or MetadataFilters (got {describe(item)})", path=child
+            )
     if condition == FilterCondition.NOT:
         return {"$not": clauses[0] if len(clauses) == 1 else {"$or": clauses}}
     if len(clauses) == 1:
@@ -81,9 +120,24 @@ def _group(filters: MetadataFilters, path: str) -> dict[str, Any]:
 
 
 def _clause(item: MetadataFilter, path: str) -> dict[str, Any]:
-    key, value, op = item.key, item.value, FilterOperator(item.operator)
-    if not key or key.startswith("$"):
+    key, value = item.key, item.value
+    try:
+        op = FilterOperator(item.operator)
+    except (ValueError, TypeError):
+        valid = [o.value for o in FilterOperator]
+        raise FilterError(f"'operator' must be one of {valid} (got {describe(item.operator)})", path=path) from None
+    if not isinstance(key, str) or not key or key.startswith("$"):
         raise FilterError(f"'key' must be a metadata field name not starting with '$' (got {describe(key)})", path=path)
+    try:
+        check_text(key, "key")
+    except InvalidInputError as exc:
+        raise FilterError(str(exc).rstrip("."), path=path) from None
+    if is_reserved_key(key):
+        raise FilterError(
+            f"'key' must name user metadata, not the store's reserved key {RESERVED_KEY!r} (got {describe(key)}); "
+            "restrict by node or document with VectorStoreQuery(node_ids=..., doc_ids=...) instead",
+            path=path,
+        )
     if op in _COMPARE:
         return {key: {_COMPARE[op]: value}}
     if op in (FilterOperator.IN, FilterOperator.NIN):

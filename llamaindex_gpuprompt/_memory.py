@@ -6,13 +6,15 @@ most relevant past turns with one product against the device-resident turn embed
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from llama_index.core.base.llms.types import ChatMessage, TextBlock
-from llama_index.core.bridge.pydantic import ConfigDict, Field, PrivateAttr
+from llama_index.core.bridge.pydantic import ConfigDict, Field, PrivateAttr, field_validator
 from llama_index.core.memory.memory import BaseMemoryBlock
 
-from gpuprompt.errors import ConfigurationError, describe
+from gpuprompt._validate import INT64_MAX, check_str, fail
+from gpuprompt.errors import ConfigurationError, InputTypeError, describe
 
 if TYPE_CHECKING:
     from gpuprompt.context import ContextCache
@@ -61,21 +63,39 @@ class GPUPromptContextMemoryBlock(BaseMemoryBlock[str]):
 
     model_config = ConfigDict(extra="forbid", arbitrary_types_allowed=True)
 
+    # Strict ints: pydantic would otherwise take True as 1 and 2.0 as 2.
     name: str = Field(default="RelevantHistory", description="The name of the memory block.")
-    max_turns: int = Field(default=4, ge=1, description="Most past turns returned per read.")
-    max_tokens: int | None = Field(default=None, ge=0, description="Token budget of the returned turns; None: none.")
+    max_turns: int = Field(default=4, ge=1, le=INT64_MAX, strict=True, description="Most past turns returned per read.")
+    max_tokens: int | None = Field(
+        default=None, ge=0, le=INT64_MAX, strict=True, description="Token budget of the returned turns; None: none."
+    )
     recent: int = Field(
         default=0,
         ge=0,
+        le=INT64_MAX,
+        strict=True,
         description="How many of the latest stored turns are always included (0: purely by relevance).",
     )
-    query_messages: int = Field(default=1, ge=1, description="How many of the latest messages form the query.")
+    query_messages: int = Field(
+        default=1, ge=1, le=INT64_MAX, strict=True, description="How many of the latest messages form the query."
+    )
     turn_template: str = Field(default="{role}: {text}", description="How one returned turn is rendered.")
     default_session_id: str = Field(
         default="default", description="Session used when the memory passes none (a bare block)."
     )
 
     _cache: ContextCache | None = PrivateAttr(default=None)
+
+    @field_validator("turn_template")
+    @classmethod
+    def _check_template(cls, value: str) -> str:
+        _render(value, "user", "text")  # a template naming other fields fails now, not on a read
+        return value
+
+    @field_validator("default_session_id")
+    @classmethod
+    def _check_session(cls, value: str) -> str:
+        return check_str(value, "default_session_id", allow_empty=False)
 
     def __init__(self, *, context_cache: ContextCache | None = None, **kwargs: Any) -> None:
         if context_cache is not None:
@@ -97,7 +117,22 @@ class GPUPromptContextMemoryBlock(BaseMemoryBlock[str]):
             self._cache = ContextCache()
         return self._cache
 
+    async def aput(
+        self, messages: list[ChatMessage], from_short_term_memory: bool = False, session_id: str | None = None
+    ) -> None:
+        """Store ``messages`` (embedded once) under ``session_id`` (default: ``default_session_id``).
+
+        Raises:
+            InputTypeError: ``messages`` is not a list of ``ChatMessage``, or ``session_id`` is not a str.
+            InvalidInputError: a message text or ``session_id`` holds a lone surrogate, or
+                ``session_id`` is empty. Nothing is stored then.
+        """
+        _messages(messages)
+        check_str(session_id, "session_id", allow_none=True, allow_empty=False)
+        await super().aput(messages, from_short_term_memory=from_short_term_memory, session_id=session_id)
+
     async def _aget(self, messages: list[ChatMessage] | None = None, **block_kwargs: Any) -> str:
+        messages = _messages(messages, allow_none=True)
         session_id = block_kwargs.get("session_id") or self.default_session_id
         recent_messages = [m for m in (messages or []) if _message_text(m)][-self.query_messages :]
         query = " ".join(_message_text(m) for m in recent_messages) or None
@@ -106,17 +141,43 @@ class GPUPromptContextMemoryBlock(BaseMemoryBlock[str]):
         turns = await self.context_cache.awindow(
             session_id, query=query, max_turns=self.max_turns, max_tokens=self.max_tokens, recent=self.recent
         )
-        return "\n".join(self.turn_template.format(role=turn.role, text=turn.text) for turn in turns)
+        return "\n".join(_render(self.turn_template, turn.role, turn.text) for turn in turns)
 
     async def _aput(self, messages: list[ChatMessage]) -> None:
         by_session: dict[str, list[tuple[str, str]]] = {}
-        for message in messages:
+        for i, message in enumerate(_messages(messages)):
             # BaseMemoryBlock.aput tags each message with the memory's session id.
-            session_id = message.additional_kwargs.pop("session_id", None) or self.default_session_id
-            text = _message_text(message)
+            session_id = message.additional_kwargs.get("session_id") or self.default_session_id
+            check_str(session_id, f"messages[{i}].additional_kwargs['session_id']")
+            text = check_str(_message_text(message), f"messages[{i}].content")
             if not text:
                 continue
             role = _ROLE_MAP.get(str(getattr(message.role, "value", message.role)), "user")
             by_session.setdefault(session_id, []).append((role, text))
+        for message in messages:
+            message.additional_kwargs.pop("session_id", None)  # checked: now untag
         for session_id, turns in by_session.items():
             await self.context_cache.aextend(session_id, turns)
+
+
+def _messages(messages: Any, *, allow_none: bool = False) -> list[ChatMessage] | None:
+    if messages is None and allow_none:
+        return None
+    if isinstance(messages, (ChatMessage, str, bytes)) or not isinstance(messages, Sequence):
+        raise fail(
+            "messages", "a list of ChatMessage" + (" or None" if allow_none else ""), messages, error=InputTypeError
+        )
+    for i, message in enumerate(messages):
+        if not isinstance(message, ChatMessage):
+            raise fail(f"messages[{i}]", "a ChatMessage", message, error=InputTypeError)
+    return list(messages)
+
+
+def _render(template: str, role: str, text: str) -> str:
+    try:
+        return template.format(role=role, text=text)
+    except (KeyError, IndexError, ValueError, AttributeError, TypeError) as exc:
+        raise ConfigurationError(
+            f"'turn_template' must be a str.format template using only {{role}} and {{text}} "
+            f"(got {describe(template)}: {type(exc).__name__}: {exc})."
+        ) from None

@@ -10,6 +10,7 @@ import asyncio
 import os
 import threading
 from collections.abc import Sequence
+from pathlib import PurePath
 from typing import TYPE_CHECKING, Any, Literal
 
 from llama_index.core.bridge.pydantic import ConfigDict, Field, PrivateAttr
@@ -25,6 +26,7 @@ from llama_index.core.vector_stores.types import (
 )
 from llama_index.core.vector_stores.utils import metadata_dict_to_node, node_to_metadata_dict
 
+from gpuprompt._validate import check_int, check_metadata, check_number, check_str, check_text, fail
 from gpuprompt.errors import (
     ConfigurationError,
     DimensionMismatchError,
@@ -33,17 +35,21 @@ from gpuprompt.errors import (
     describe,
 )
 from llamaindex_gpuprompt._common import check_options
-from llamaindex_gpuprompt._filters import to_core_filter
+from llamaindex_gpuprompt._filters import RESERVED_KEY, is_reserved_key, to_core_filter
 
 if TYPE_CHECKING:
+    import numpy as np
+
     from gpuprompt.index import Hit, Record, VectorIndex
 
 __all__ = ["GPUPromptVectorStore"]
 
-NODE_KEY = "_llamaindex_node"
-"""The one metadata key the store reserves: the node's serialised form, id and ref_doc_id.
+NODE_KEY = RESERVED_KEY
+"""The metadata key the store reserves: the node's serialised form, id and ref_doc_id.
 
-Everything else in a record's metadata is the user's node metadata, which filters see."""
+User metadata may hold neither this key nor any key starting with ``"_llamaindex_node."`` (the
+core would resolve the bookkeeping's dotted paths to such a key); everything else in a record's
+metadata is the user's node metadata, which filters see."""
 
 _NAMESPACE_SEP = "__"
 _DEFAULT_NAMESPACE = "default"
@@ -62,10 +68,78 @@ def _id_list(value: Any, name: str) -> list[str] | None:
         return None
     if isinstance(value, str) or not isinstance(value, (list, tuple, set)):
         raise InputTypeError(f"'{name}' must be None or a list of str (got {describe(value)}).")
-    for i, item in enumerate(value):
-        if not isinstance(item, str):
-            raise InputTypeError(f"'{name}[{i}]' must be a str (got {describe(item)}).")
-    return list(value)
+    items = list(value)
+    for i, item in enumerate(items):
+        check_str(item, f"{name}[{i}]")
+    return items
+
+
+def _vector(value: Any, name: str) -> np.ndarray:
+    """``value`` as a 1-D float32 array; strs, bools, None, objects and ragged rows are refused.
+
+    ``np.asarray(value, dtype=float32)`` would turn ``"1.5"`` and ``True`` into numbers: the array
+    is built without a dtype first, and only integer or float arrays are accepted.
+    """
+    import numpy as np
+
+    expected = "a flat list of numbers (an embedding)"
+    if value is None or isinstance(value, (str, bytes, dict)):
+        raise fail(name, expected, value, error=InputTypeError)
+    try:
+        array = np.asarray(value)
+    except (TypeError, ValueError, OverflowError):
+        raise fail(name, expected, value, fix="Every row must have the same length.", error=InputTypeError) from None
+    if array.dtype.kind not in "iuf":
+        raise fail(name, expected, value, error=InputTypeError)
+    if array.ndim != 1:
+        error = InputTypeError if array.ndim == 0 else InvalidInputError
+        raise fail(name, expected + f", not an array of shape {array.shape}", value, error=error)
+    with np.errstate(over="ignore"):  # beyond float32 becomes inf, which the core refuses by name
+        return array.astype(np.float32)
+
+
+def _check_path(value: Any, name: str) -> str:
+    """A local path to a snapshot folder: a str (or ``os.PathLike``) naming a folder.
+
+    Refuses what would make a snapshot land somewhere else than meant: an empty path, NUL, lone
+    surrogates, a last part of ``.``, ``..`` or a root, and ``..`` after a named folder (``a/../b``,
+    how a namespace such as ``"../../x"`` escapes the persist folder).
+    """
+    if isinstance(value, os.PathLike):
+        value = os.fspath(value)
+    if not isinstance(value, str):
+        raise fail(name, "a str or os.PathLike folder path", value, error=InputTypeError)
+    if not value or "\x00" in value:
+        raise fail(name, "a non-empty path without NUL characters", value)
+    check_text(value, name)
+    parts = PurePath(value).parts
+    if not parts or PurePath(value).name in ("", ".", ".."):
+        raise fail(name, "a path whose last part names a folder (not '.', '..' or a root)", value)
+    named = False
+    for part in parts:
+        if part == ".." and named:
+            raise fail(
+                name,
+                "a path that does not step back out of a folder it named ('a/../b')",
+                value,
+                fix="Pass os.path.normpath(path), and keep namespaces free of '/' and '..'.",
+            )
+        named = named or part not in ("..", ".") and part != PurePath(value).anchor
+    return value
+
+
+def _check_name(value: Any, name: str) -> str:
+    """One path component: a non-empty str without separators, NUL, '.' or '..'."""
+    check_str(value, name)
+    separators = {"/", "\\", os.sep} | ({os.altsep} if os.altsep else set())
+    if not value or value in (".", "..") or "\x00" in value or any(sep in value for sep in separators):
+        raise fail(
+            name,
+            "a plain name: non-empty, without '/', '\\', NUL, and not '.' or '..'",
+            value,
+            fix="Pick a name such as 'default'; it becomes part of a file name inside the folder.",
+        )
+    return value
 
 
 class GPUPromptVectorStore(BasePydanticVectorStore):
@@ -98,7 +172,13 @@ class GPUPromptVectorStore(BasePydanticVectorStore):
 
     stores_text: bool = True
     is_embedding_query: bool = True
-    dim: int | None = Field(default=None, ge=1, description="Vector dimension; None: taken from the first nodes added.")
+    dim: int | None = Field(
+        default=None,
+        ge=1,
+        le=2**31 - 1,
+        strict=True,
+        description="Vector dimension; None: taken from the first nodes added.",
+    )
     metric: Literal["cosine", "ip", "l2"] = Field(default="cosine", description="Similarity metric of the index.")
     backend: Literal["auto", "faiss", "torch"] = Field(default="auto", description="Index backend.")
     device: str = Field(default="auto", description="'auto', 'cpu', 'cuda', 'cuda:N'.")
@@ -106,7 +186,11 @@ class GPUPromptVectorStore(BasePydanticVectorStore):
         default_factory=dict, description="Other gpuprompt.VectorIndex options (index_factory, ...)."
     )
     mmr_prefetch_factor: float = Field(
-        default=4.0, ge=1.0, description="MMR: candidates fetched = similarity_top_k x this (at least 20)."
+        default=4.0,
+        ge=1.0,
+        le=1e6,
+        allow_inf_nan=False,
+        description="MMR: candidates fetched = similarity_top_k x this (at least 20).",
     )
 
     _index: VectorIndex | None = PrivateAttr(default=None)
@@ -152,25 +236,24 @@ class GPUPromptVectorStore(BasePydanticVectorStore):
             return self._index
 
     # ------------------------------------------------------------------ node <-> record
-    def _records(self, nodes: Sequence[BaseNode]) -> tuple[list[str], list[list[float]], list[str], list[dict]]:
-        from pydantic_core import to_jsonable_python
-
-        if isinstance(nodes, BaseNode) or not isinstance(nodes, Sequence):
+    def _records(self, nodes: Sequence[BaseNode]) -> tuple[list[str], list[Any], list[str], list[dict]]:
+        if isinstance(nodes, (BaseNode, str, bytes)) or not isinstance(nodes, Sequence):
             raise InputTypeError(f"'nodes' must be a list of nodes (got {describe(nodes)}).")
         ids: list[str] = []
-        vectors: list[list[float]] = []
+        vectors: list[Any] = []
         documents: list[str] = []
         metadatas: list[dict] = []
         dim = self.dim
         for i, node in enumerate(nodes):
             if not isinstance(node, BaseNode):
                 raise InputTypeError(f"'nodes[{i}]' must be a LlamaIndex node (got {describe(node)}).")
-            embedding = node.embedding
-            if embedding is None:
+            check_str(node.node_id, f"nodes[{i}].id_", allow_empty=False)
+            if node.embedding is None:
                 raise InvalidInputError(
                     f"'nodes[{i}]' (id {node.node_id!r}) has no embedding; embed the nodes first "
                     "(VectorStoreIndex does) or set node.embedding."
                 )
+            embedding = _vector(node.embedding, f"nodes[{i}].embedding")
             dim = dim or len(embedding)
             if len(embedding) != dim:
                 raise DimensionMismatchError(
@@ -179,24 +262,39 @@ class GPUPromptVectorStore(BasePydanticVectorStore):
                     expected=dim,
                     got=len(embedding),
                 )
-            if NODE_KEY in node.metadata:
-                raise InvalidInputError(
-                    f"'nodes[{i}].metadata' must not use the reserved key {NODE_KEY!r}; rename that key."
-                )
+            # A detached JSON copy: what is stored can always be saved, filtered and read back as given.
+            metadata = check_metadata(node.metadata, f"nodes[{i}].metadata", allow_none=False)
+            for key in metadata:
+                if is_reserved_key(key):
+                    raise InvalidInputError(
+                        f"'nodes[{i}].metadata' must not use the reserved key {key!r} (got it in node "
+                        f"{node.node_id!r}): {NODE_KEY!r} and keys starting with '{NODE_KEY}.' hold the store's "
+                        "own bookkeeping; rename that key."
+                    )
+            ref_doc_id = node.ref_doc_id
+            if ref_doc_id is not None:
+                check_str(ref_doc_id, f"nodes[{i}].ref_doc_id")
             # The node is serialised without its metadata (kept once, as the filterable record
             # metadata) and without its text (kept once, as the record's document).
-            bare = node.model_copy(update={"metadata": {}})
-            serialised = node_to_metadata_dict(bare, remove_text=True)
-            metadata = to_jsonable_python(node.metadata)
+            try:
+                bare = node.model_copy(update={"metadata": {}})
+                serialised = node_to_metadata_dict(bare, remove_text=True)
+            except (TypeError, ValueError, RecursionError) as exc:
+                raise InvalidInputError(
+                    f"'nodes[{i}]' (id {node.node_id!r}) must be JSON-serialisable apart from its metadata: its "
+                    f"relationships or other fields could not be serialised ({type(exc).__name__}: {exc})."[:600]
+                ) from None
+            document = check_str(node.get_content(metadata_mode=MetadataMode.NONE), f"nodes[{i}].text")
+            check_text(serialised["_node_content"], f"nodes[{i}] (its relationships and other fields, serialised)")
             metadata[NODE_KEY] = {
                 "id": node.node_id,
-                "ref_doc_id": node.ref_doc_id,
+                "ref_doc_id": ref_doc_id,
                 "type": serialised["_node_type"],
                 "content": serialised["_node_content"],
             }
             ids.append(node.node_id)
             vectors.append(embedding)
-            documents.append(node.get_content(metadata_mode=MetadataMode.NONE))
+            documents.append(document)
             metadatas.append(metadata)
         seen: set[str] = set()
         for node_id in ids:
@@ -228,8 +326,11 @@ class GPUPromptVectorStore(BasePydanticVectorStore):
             The node ids, in order.
 
         Raises:
-            InvalidInputError: a node has no embedding, a duplicated id, or uses the reserved
-                metadata key; nothing is stored then.
+            InvalidInputError: a node has no embedding, a duplicated id, metadata that is not
+                JSON (non-str keys, NaN, ints beyond 64 bits, lone surrogates, cycles, nesting
+                deeper than 32) or that uses the reserved key ``_llamaindex_node`` (or a key
+                starting with ``_llamaindex_node.``); nothing is stored then.
+            InputTypeError: ``nodes`` is not a list of nodes, or an embedding is not a list of numbers.
             DimensionMismatchError: an embedding of another dimension than the index's.
         """
         ids, vectors, documents, metadatas = self._records(nodes)
@@ -238,7 +339,7 @@ class GPUPromptVectorStore(BasePydanticVectorStore):
         index = self._ensure_index(len(vectors[0]))
         import numpy as np
 
-        index.add(ids, np.asarray(vectors, dtype=np.float32), documents=documents, metadatas=metadatas)
+        index.add(ids, np.stack(vectors), documents=documents, metadatas=metadatas)
         return ids
 
     async def async_add(self, nodes: Sequence[BaseNode], **kwargs: Any) -> list[str]:
@@ -256,12 +357,20 @@ class GPUPromptVectorStore(BasePydanticVectorStore):
         return [node_id for node_id in matched if node_id in wanted]
 
     def delete(self, ref_doc_id: str, **delete_kwargs: Any) -> None:
-        """Delete every node of the document ``ref_doc_id`` (unknown ids are ignored)."""
-        if not isinstance(ref_doc_id, str):
-            raise InputTypeError(f"'ref_doc_id' must be a str (got {describe(ref_doc_id)}).")
+        """Delete every node of the document ``ref_doc_id`` (unknown ids are ignored).
+
+        Raises:
+            InputTypeError: ``ref_doc_id`` is not a str.
+            InvalidInputError: ``ref_doc_id`` holds a lone surrogate.
+        """
+        check_str(ref_doc_id, "ref_doc_id")
         ids = self._matching_ids({f"{NODE_KEY}.ref_doc_id": ref_doc_id})
         if ids and self._index is not None:
-            self._index.delete(ids)
+            # Confirmed against each record's own bookkeeping: a snapshot written before reserved
+            # keys were refused may hold a user key literally named "_llamaindex_node.ref_doc_id".
+            owned = [record.id for record in self._index.get(ids) if _ref_doc_id(record) == ref_doc_id]
+            if owned:
+                self._index.delete(owned)
 
     async def adelete(self, ref_doc_id: str, **delete_kwargs: Any) -> None:
         """Async :meth:`delete`."""
@@ -324,7 +433,9 @@ class GPUPromptVectorStore(BasePydanticVectorStore):
         """Async :meth:`get_nodes`."""
         return await asyncio.to_thread(self.get_nodes, node_ids, filters)
 
-    def _plan(self, query: VectorStoreQuery, kwargs: dict[str, Any]) -> tuple[Any, int, dict | None, dict | None]:
+    def _plan(
+        self, query: VectorStoreQuery, kwargs: dict[str, Any]
+    ) -> tuple[Any, int, dict | None, dict | None, _Restriction]:
         if not isinstance(query, VectorStoreQuery):
             raise InputTypeError(f"'query' must be a VectorStoreQuery (got {describe(query)}).")
         if query.mode not in _MODES:
@@ -336,14 +447,8 @@ class GPUPromptVectorStore(BasePydanticVectorStore):
                 "'query.query_embedding' must be a list of floats (got None); embed the query first "
                 "(retrievers and query engines do)."
             )
-        k = query.similarity_top_k
-        if isinstance(k, bool) or not isinstance(k, int) or k < 0:
-            raise InvalidInputError(f"'query.similarity_top_k' must be an int >= 0 (got {describe(k)}).")
-        import numpy as np
-
-        vector = np.asarray(query.query_embedding, dtype=np.float32)
-        if vector.ndim != 1:
-            raise InvalidInputError(f"'query.query_embedding' must be a flat list of floats (got shape {vector.shape}).")
+        k = check_int(query.similarity_top_k, "query.similarity_top_k", min=0)
+        vector = _vector(query.query_embedding, "query.query_embedding")
         if self.dim is not None and vector.shape[0] != self.dim:
             raise DimensionMismatchError(
                 f"'query.query_embedding' must have {self.dim} dimensions (got {vector.shape[0]}); embed the "
@@ -363,14 +468,19 @@ class GPUPromptVectorStore(BasePydanticVectorStore):
         mmr = None
         if query.mode == VectorStoreQueryMode.MMR:
             threshold = query.mmr_threshold if query.mmr_threshold is not None else kwargs.get("mmr_threshold")
-            threshold = 0.5 if threshold is None else threshold
-            if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not 0.0 <= threshold <= 1.0:
-                raise InvalidInputError(f"'mmr_threshold' must be a number in [0, 1] (got {describe(threshold)}).")
-            fetch_k = kwargs.get("mmr_prefetch_k") or max(20, int(k * kwargs.get("mmr_prefetch_factor", self.mmr_prefetch_factor)))
-            mmr = {"fetch_k": max(int(fetch_k), k), "lambda_mult": float(threshold)}
-        return vector, k, core_filter, mmr
+            threshold = check_number(0.5 if threshold is None else threshold, "mmr_threshold", min=0.0, max=1.0)
+            fetch_k = check_int(kwargs.get("mmr_prefetch_k"), "mmr_prefetch_k", min=1, allow_none=True)
+            if fetch_k is None:
+                factor = check_number(
+                    kwargs.get("mmr_prefetch_factor", self.mmr_prefetch_factor), "mmr_prefetch_factor", min=1.0
+                )
+                fetch_k = max(20, int(k * factor)) if k * factor < 2**62 else 2**62
+            mmr = {"fetch_k": max(fetch_k, k), "lambda_mult": threshold}
+        restriction = _Restriction(set(node_ids) if node_ids else None, set(doc_ids) if doc_ids else None)
+        return vector, k, core_filter, mmr, restriction
 
-    def _result(self, hits: Sequence[Hit]) -> VectorStoreQueryResult:
+    def _result(self, hits: Sequence[Hit], restriction: _Restriction) -> VectorStoreQueryResult:
+        hits = [hit for hit in hits if restriction.allows(hit)]
         return VectorStoreQueryResult(
             nodes=[self._node(hit) for hit in hits],
             similarities=[float(hit.score) for hit in hits],
@@ -389,11 +499,14 @@ class GPUPromptVectorStore(BasePydanticVectorStore):
             Nodes (with text, metadata, relationships), similarities (higher is better) and ids.
 
         Raises:
-            InvalidInputError: no query embedding, an unsupported mode, a bad ``similarity_top_k``.
+            InvalidInputError: no query embedding, an unsupported mode, a bad ``similarity_top_k``,
+                ``mmr_threshold``, ``mmr_prefetch_k`` or ``mmr_prefetch_factor``.
+            InputTypeError: the query embedding is not a flat list of numbers (strs, bools, ragged
+                rows), or ``node_ids`` / ``doc_ids`` are not lists of str.
             DimensionMismatchError: the query embedding's dimension differs from the index's.
             FilterError: a malformed filter (the message names where).
         """
-        vector, k, core_filter, mmr = self._plan(query, kwargs)
+        vector, k, core_filter, mmr, restriction = self._plan(query, kwargs)
         index = self.client
         if index is None or k == 0:
             return VectorStoreQueryResult(nodes=[], similarities=[], ids=[])
@@ -401,11 +514,11 @@ class GPUPromptVectorStore(BasePydanticVectorStore):
             hits = index.mmr(vector, k=k, fetch_k=mmr["fetch_k"], lambda_mult=mmr["lambda_mult"], filter=core_filter)
         else:
             hits = index.search(vector[None, :], k, filter=core_filter)[0]
-        return self._result(hits)
+        return self._result(hits, restriction)
 
     async def aquery(self, query: VectorStoreQuery, **kwargs: Any) -> VectorStoreQueryResult:
         """Async :meth:`query`: awaits the core's batched search, so concurrent calls share one search."""
-        vector, k, core_filter, mmr = self._plan(query, kwargs)
+        vector, k, core_filter, mmr, restriction = self._plan(query, kwargs)
         index = self.client
         if index is None or k == 0:
             return VectorStoreQueryResult(nodes=[], similarities=[], ids=[])
@@ -415,7 +528,7 @@ class GPUPromptVectorStore(BasePydanticVectorStore):
             )
         else:
             hits = (await index.asearch(vector[None, :], k, filter=core_filter))[0]
-        return self._result(hits)
+        return self._result(hits, restriction)
 
     # ------------------------------------------------------------------ persistence
     def persist(self, persist_path: str = os.path.join(DEFAULT_PERSIST_DIR, DEFAULT_PERSIST_FNAME), fs: Any = None) -> None:
@@ -426,9 +539,13 @@ class GPUPromptVectorStore(BasePydanticVectorStore):
 
         Raises:
             ConfigurationError: ``fs`` is a non-local fsspec filesystem.
-            InvalidInputError: the store is empty and has no dimension yet (nothing to save).
+            InvalidInputError: the store is empty and has no dimension yet (nothing to save), or
+                ``persist_path`` is empty, holds NUL, ends in ``.``/``..``, or steps back out of a
+                folder it named (``a/../b``: how a namespace like ``"../x"`` would escape the folder).
+            InputTypeError: ``persist_path`` is not a str or ``os.PathLike``.
         """
         _check_local_fs(fs)
+        persist_path = _check_path(persist_path, "persist_path")
         index = self.client
         if index is None:
             raise InvalidInputError(
@@ -445,8 +562,10 @@ class GPUPromptVectorStore(BasePydanticVectorStore):
 
         Raises:
             SnapshotError: the snapshot is missing, truncated or tampered with.
+            InvalidInputError: ``persist_path`` is not a usable folder path (see :meth:`persist`).
         """
         _check_local_fs(fs)
+        persist_path = _check_path(persist_path, "persist_path")
         from gpuprompt.index import VectorIndex
 
         return cls(index=VectorIndex.load(persist_path, device=device), device=device, **kwargs)
@@ -455,9 +574,42 @@ class GPUPromptVectorStore(BasePydanticVectorStore):
     def from_persist_dir(
         cls, persist_dir: str = DEFAULT_PERSIST_DIR, namespace: str = _DEFAULT_NAMESPACE, fs: Any = None, **kwargs: Any
     ) -> GPUPromptVectorStore:
-        """Load the store that ``StorageContext.persist(persist_dir)`` saved under ``namespace``."""
+        """Load the store that ``StorageContext.persist(persist_dir)`` saved under ``namespace``.
+
+        Raises:
+            SnapshotError: the snapshot is missing, truncated or tampered with.
+            InvalidInputError: ``namespace`` is not a plain name (empty, ``.``/``..``, or holding
+                ``/``, ``\\`` or NUL: it would read outside ``persist_dir``), or ``persist_dir`` is
+                not a usable folder path.
+        """
+        _check_name(namespace, "namespace")
+        persist_dir = _check_path(persist_dir, "persist_dir")
         path = os.path.join(persist_dir, f"{namespace}{_NAMESPACE_SEP}{DEFAULT_PERSIST_FNAME}")
         return cls.from_persist_path(path, fs=fs, **kwargs)
+
+
+class _Restriction:
+    """The ids a query was restricted to, checked again on each hit.
+
+    The core filter finds them through the bookkeeping's dotted paths; a record from a snapshot
+    written before reserved keys were refused could spoof those paths with a literal key.
+    """
+
+    __slots__ = ("doc_ids", "node_ids")
+
+    def __init__(self, node_ids: set[str] | None, doc_ids: set[str] | None) -> None:
+        self.node_ids = node_ids
+        self.doc_ids = doc_ids
+
+    def allows(self, hit: Hit) -> bool:
+        if self.node_ids is not None and hit.id not in self.node_ids:
+            return False
+        return self.doc_ids is None or _ref_doc_id(hit) in self.doc_ids
+
+
+def _ref_doc_id(record: Hit | Record) -> Any:
+    info = record.metadata.get(NODE_KEY)
+    return info.get("ref_doc_id") if isinstance(info, dict) else None
 
 
 def _check_local_fs(fs: Any) -> None:

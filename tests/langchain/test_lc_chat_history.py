@@ -77,7 +77,7 @@ def test_bad_input_is_typed_and_stores_nothing() -> None:
     with pytest.raises(InputTypeError, match=r"'messages\[1\]'"):
         history.add_messages([HumanMessage("hi"), "not a message"])  # type: ignore[list-item]
     assert history.messages == []
-    with pytest.raises(InputTypeError, match="'session_id'"):
+    with pytest.raises(InvalidInputError, match="'session_id' must be a non-empty str"):
         GPUPromptChatMessageHistory("")
     with pytest.raises(InputTypeError, match="'context_cache'"):
         GPUPromptChatMessageHistory("s", context_cache={})  # type: ignore[arg-type]

@@ -39,11 +39,11 @@ class _InFlight:
     def __init__(self, engine: Any) -> None:
         self.original, self.now, self.peak = engine.agenerate, 0, 0
 
-    async def __call__(self, request: Any) -> Any:
+    async def __call__(self, request: Any, **options: Any) -> Any:
         self.now += 1
         self.peak = max(self.peak, self.now)
         try:
-            return await self.original(request)
+            return await self.original(request, **options)
         finally:
             self.now -= 1
 

@@ -324,7 +324,7 @@ def test_bad_queries_raise_typed_errors(store, li_embed) -> None:
         store.query(_query(li_embed, "dress", node_ids="P000001"))
     with pytest.raises(FilterError, match="IN filter must be a list"):
         store.query(_query(li_embed, "dress", filters=MetadataFilters(filters=[F(key="type", value="dress", operator=OP.IN)])))
-    with pytest.raises(InvalidInputError, match="'mmr_threshold' must be a number in"):
+    with pytest.raises(InvalidInputError, match="'mmr_threshold' must be a finite number >= 0.0 and <= 1.0"):
         store.query(_query(li_embed, "dress", mode=VectorStoreQueryMode.MMR, mmr_threshold=2.0))
     with pytest.raises(ConfigurationError, match="'index' must be a gpuprompt.VectorIndex"):
         GPUPromptVectorStore(index="nope")
