@@ -18,7 +18,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
-from gpuprompt._validate import check_int, check_number
+from gpuprompt._validate import check_bool, check_int, check_number, check_str
 from gpuprompt.errors import (
     ClosedError,
     ConfigurationError,
@@ -41,6 +41,7 @@ PRIORITY_MIN = -(2**31)
 PRIORITY_MAX = 2**31 - 1
 """Priorities are ints in this range (lower runs first): what every engine backend can order."""
 MAX_WAIT_MS_LIMIT = 60_000.0
+MAX_CLOSE_TIMEOUT_S = 7 * 24 * 3600.0
 
 
 def check_priority(priority: Any, name: str = "priority") -> int:
@@ -155,6 +156,10 @@ class MicroBatcher(Generic[T, R]):
             raise ConfigurationError("'max_batch_cost' needs a 'cost' function that prices one item.")
         max_wait_ms = check_number(max_wait_ms, "max_wait_ms", min=0, max=MAX_WAIT_MS_LIMIT, error=ConfigurationError)
         check_int(max_queue, "max_queue", min=1, error=ConfigurationError)
+        if not isinstance(fatal, tuple) or not all(isinstance(t, type) and issubclass(t, BaseException) for t in fatal):
+            raise ConfigurationError(f"'fatal' must be a tuple of exception classes (got {describe(fatal)}).")
+        check_bool(isolate_failures, "isolate_failures", error=ConfigurationError)
+        check_str(name, "name", error=ConfigurationError)
         if not callable(fn) or (cost is not None and not callable(cost)):
             raise ConfigurationError(f"'fn' and 'cost' must be callables (got {describe(fn)}, {describe(cost)}).")
         self._fn = fn
@@ -448,6 +453,7 @@ class MicroBatcher(Generic[T, R]):
         Args:
             timeout: seconds to wait for the running batch; None waits for ever.
         """
+        timeout = check_number(timeout, "timeout", min=0, max=MAX_CLOSE_TIMEOUT_S, allow_none=True)
         with self._cond:
             if self._closed:
                 pending: list[_Entry[T]] = []

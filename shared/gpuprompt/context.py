@@ -157,6 +157,17 @@ class ContextCache:
             raise fail("token_counter", "a callable (str) -> int or None", token_counter, error=ConfigurationError)
         if not callable(clock):
             raise fail("clock", "a callable () -> float", clock, error=ConfigurationError)
+        try:  # probe once: a clock that returns no number would fail at the first append
+            now = clock()
+        except Exception as exc:
+            raise ConfigurationError(f"'clock' raised {exc!r} when called; pass a callable () -> float.") from exc
+        check_number(now, "clock()", error=ConfigurationError)
+        if token_counter is not None:
+            try:  # the same probe for the counter: a bad count is a bad option, found now
+                probe = token_counter("probe")
+            except Exception as exc:
+                raise ConfigurationError(f"'token_counter' raised {exc!r} on a probe text; pass (str) -> int.") from exc
+            check_int(probe, "token_counter(text)", min=0, max=INT64_MAX, error=ConfigurationError)
         self._embedder = embedder
         self.max_sessions: int = max_sessions  # type: ignore[assignment]
         self.ttl_seconds: float | None = ttl_seconds

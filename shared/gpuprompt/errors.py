@@ -48,11 +48,33 @@ __all__ = [
 
 
 def describe(value: Any) -> str:
-    """Render ``value`` for an error message: a short repr plus its type name."""
-    text = repr(value)
+    """Render ``value`` for an error message: a short repr plus its type name.
+
+    Bounded in depth and length (``reprlib``), so describing a hostile value (nested 10,000 deep,
+    cyclic, huge) never fails or recurses deeply itself.
+    """
+    try:
+        text = _REPR.repr(value)
+    except Exception:  # noqa: BLE001 - a broken __repr__ must not hide the real error
+        text = f"<{type(value).__name__} object>"
     if len(text) > 80:
         text = text[:77] + "..."
     return f"{text} that is a {type(value).__name__}"
+
+
+def _short_repr() -> Any:
+    import reprlib
+
+    short = reprlib.Repr()
+    short.maxlevel = 3
+    short.maxstring = 60
+    short.maxother = 60
+    short.maxlong = 40
+    short.maxdict = short.maxlist = short.maxtuple = short.maxset = 6
+    return short
+
+
+_REPR = _short_repr()
 
 
 class GPUPromptError(Exception):

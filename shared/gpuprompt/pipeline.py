@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from gpuprompt._bridge import run_sync
-from gpuprompt._validate import check_int, check_number, check_str, check_text
+from gpuprompt._validate import check_int, check_number, check_str, check_text, fail
 from gpuprompt.batching import check_priority
 from gpuprompt.errors import ConfigurationError, InputTypeError, describe
 from gpuprompt.llm._types import MAX_TOKENS_LIMIT
@@ -134,6 +134,10 @@ class RAGPipeline:
         check_int(max_tokens, "max_tokens", min=1, max=MAX_TOKENS_LIMIT, error=ConfigurationError)
         temperature = check_number(temperature, "temperature", min=0.0, max=100.0, error=ConfigurationError)
         check_str(system_prompt, "system_prompt", error=ConfigurationError)
+        _check_component("index", index, ("asearch",), "a gpuprompt VectorIndex")
+        _check_component("llm", llm, ("agenerate",), "a gpuprompt LLMEngine")
+        _check_component("embedder", embedder, ("aembed_tensor",), "a gpuprompt Embedder or None", optional=True)
+        _check_component("memory", memory, ("awindow", "aextend"), "a gpuprompt ContextCache or None", optional=True)
         if embedder is None:
             from gpuprompt.runtime import get_runtime
 
@@ -246,6 +250,13 @@ class RAGPipeline:
         return run_sync(
             self.aanswer(session_id, question, k=k, filter=filter, max_tokens=max_tokens, priority=priority)
         )
+
+
+def _check_component(name: str, value: Any, methods: tuple[str, ...], expected: str, *, optional: bool = False) -> None:
+    if value is None and optional:
+        return
+    if not all(callable(getattr(value, method, None)) for method in methods):
+        raise fail(name, expected, value, error=ConfigurationError)
 
 
 def _check_text(name: str, value: Any) -> None:

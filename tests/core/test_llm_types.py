@@ -17,6 +17,7 @@ USER = [{"role": "user", "content": "Hi!"}]
 
 def test_llm_package_all_is_pinned() -> None:
     assert sorted(gpuprompt.llm.__all__) == [
+        "CallPolicy",
         "EngineStats",
         "GenerationRequest",
         "GenerationResult",
