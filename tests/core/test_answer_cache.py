@@ -1,0 +1,87 @@
+"""AnswerCache: exact and semantic hits, namespaces kept apart, LRU and TTL bounds, typed refusals."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from gpuprompt.answer_cache import AnswerCache
+from gpuprompt.errors import ConfigurationError, InputTypeError, InvalidInputError
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_exact_and_similar_hits_stay_in_their_namespace(embedder) -> None:
+    cache: AnswerCache[str] = AnswerCache(embedder, score_threshold=0.85)
+    cache.update("What is your return policy?", "model-a", "30 days")
+    assert cache.lookup("What is your return policy?", "model-a") == "30 days"
+    assert cache.lookup("What's your return policy?", "model-a") == "30 days"
+    assert cache.lookup("What's your return policy?", "model-b") is None
+    assert cache.lookup("How tall is Mount Everest?", "model-a") is None
+    stats = cache.stats()
+    assert (stats.exact_hits, stats.similar_hits, stats.misses) == (1, 1, 1)
+
+
+def test_update_replaces_and_clear_forgets(embedder) -> None:
+    cache: AnswerCache[str] = AnswerCache(embedder)
+    cache.update("q", "m", "old")
+    cache.update("q", "m", "new")
+    assert len(cache) == 1 and cache.lookup("q", "m") == "new"
+    cache.update("q", "other", "x")
+    cache.clear("m")
+    assert cache.lookup("q", "m") is None and cache.lookup("q", "other") == "x"
+    cache.clear()
+    assert len(cache) == 0
+
+
+def test_lru_bound_and_ttl(embedder) -> None:
+    clock = Clock()
+    cache: AnswerCache[int] = AnswerCache(embedder, max_entries=3, ttl_seconds=10, clock=clock)
+    for i, text in enumerate(["red dress", "blue shoes", "green hat"]):
+        cache.update(text, "m", i)
+    assert cache.lookup("red dress", "m") == 0  # now the most recently used
+    cache.update("yellow scarf", "m", 3)  # evicts "blue shoes", the least recently used
+    assert len(cache) == 3 and cache.stats().evicted == 1
+    assert cache.lookup("blue shoes", "m") is None
+    clock.now = 11
+    assert cache.lookup("red dress", "m") is None
+    assert cache.stats().expired >= 1
+
+
+async def test_async_twins(embedder) -> None:
+    cache: AnswerCache[str] = AnswerCache(embedder, score_threshold=0.85)
+    await cache.aupdate("Do you ship to Norway?", "m", "yes")
+    assert await cache.alookup("Do you ship to Norway?", "m") == "yes"
+    assert await cache.alookup("Do you deliver to Norway?", "m") == "yes"
+    results = await asyncio.gather(*(cache.alookup(f"question {i}", "m") for i in range(16)))
+    assert len(results) == 16
+
+
+@pytest.mark.parametrize(
+    "options",
+    [{"score_threshold": 1.5}, {"score_threshold": float("nan")}, {"max_entries": 0}, {"max_entries": True},
+     {"ttl_seconds": 0}, {"ttl_seconds": float("inf")}, {"clock": 3}, {"embedder": object()}],
+    ids=repr,
+)
+def test_bad_options_are_refused(options: dict) -> None:
+    with pytest.raises(ConfigurationError):
+        AnswerCache(**options)
+
+
+@pytest.mark.parametrize("prompt", [None, 5, b"x", ["x"], "lone \ud800"], ids=repr)
+def test_bad_prompts_are_refused_and_nothing_changes(embedder, prompt: object) -> None:
+    cache: AnswerCache[str] = AnswerCache(embedder)
+    cache.update("kept", "m", "v")
+    with pytest.raises(InvalidInputError):
+        cache.update(prompt, "m", "x")  # type: ignore[arg-type]
+    with pytest.raises(InvalidInputError):
+        cache.lookup(prompt, "m")  # type: ignore[arg-type]
+    assert len(cache) == 1 and cache.lookup("kept", "m") == "v"
+    assert issubclass(InputTypeError, InvalidInputError)
