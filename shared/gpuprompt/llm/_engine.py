@@ -449,14 +449,10 @@ class LLMEngine:
                         event = await asyncio.wait_for(job.anext_event(), max(0.0, deadline - _now()))
                     except asyncio.TimeoutError:
                         raise _timed_out(timeout) from None
-                if isinstance(event, Text):
-                    yield StreamDelta(event.text)
-                elif isinstance(event, End):
-                    result = event.result
-                    yield StreamDelta("", finish_reason=result.finish_reason, usage=result.usage)
+                delta = _to_delta(event)
+                yield delta
+                if delta.finish_reason is not None:
                     return
-                else:
-                    raise event.error
         finally:
             job.cancel()
 
@@ -481,24 +477,17 @@ class LLMEngine:
     def _iterate(job: Job, deadline: float | None, timeout: float | None) -> Iterator[StreamDelta]:
         try:
             while True:
-                if deadline is None:
-                    event = job.next_event()
-                else:
-                    remaining = deadline - _now()
-                    if remaining <= 0:
-                        raise _timed_out(timeout)
-                    try:
-                        event = job.next_event(remaining)
-                    except TimeoutError:
-                        raise _timed_out(timeout) from None
-                if isinstance(event, Text):
-                    yield StreamDelta(event.text)
-                elif isinstance(event, End):
-                    result = event.result
-                    yield StreamDelta("", finish_reason=result.finish_reason, usage=result.usage)
+                remaining = None if deadline is None else deadline - _now()
+                try:
+                    if remaining is not None and remaining <= 0:
+                        raise TimeoutError
+                    event = job.next_event(remaining)
+                except TimeoutError:
+                    raise _timed_out(timeout) from None
+                delta = _to_delta(event)
+                yield delta
+                if delta.finish_reason is not None:
                     return
-                else:
-                    raise event.error
         finally:
             job.cancel()
 
@@ -535,6 +524,15 @@ class LLMEngine:
 
     def __exit__(self, *exc_info: Any) -> None:
         self.close()
+
+
+def _to_delta(event: Text | End | Failure) -> StreamDelta:
+    """One stream event as a delta: text, or the last delta (finish reason and usage); a failure raises."""
+    if isinstance(event, Text):
+        return StreamDelta(event.text)
+    if isinstance(event, End):
+        return StreamDelta("", finish_reason=event.result.finish_reason, usage=event.result.usage)
+    raise event.error
 
 
 def _now() -> float:
