@@ -3,7 +3,7 @@ export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 PY := .venv/bin/python
 
-.PHONY: venv demo test bench load
+.PHONY: venv demo test bench load wheel
 venv:
 	@bash scripts/bootstrap.sh
 
@@ -20,3 +20,7 @@ bench: venv
 # Options: make load LOAD_USERS=32 LOAD_TIME=60s LOAD_BACKEND=auto|vllm|transformers
 load: venv
 	$(PY) examples/locustfile.py --users $(or $(LOAD_USERS),32) --run-time $(or $(LOAD_TIME),60s) --backend $(or $(LOAD_BACKEND),auto)
+
+# The wheel a pip user installs, built offline with the hatchling of .venv (dev group) into dist/.
+wheel: venv
+	$(PY) -m pip wheel . --no-deps --no-build-isolation --no-index -w dist

@@ -8,6 +8,8 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+# The one version source: the build reads it ([tool.hatch.version] in pyproject.toml), and
+# importlib.metadata.version("gpuprompt") of an installed copy equals it (tests/test_packaging.py).
 __version__ = "0.1.0"
 
 if TYPE_CHECKING:

