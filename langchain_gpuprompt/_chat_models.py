@@ -65,7 +65,7 @@ class ChatGPUPrompt(BaseChatModel):
     Setup:
         .. code-block:: bash
 
-            pip install "gpuprompt[langchain]"      # plus "gpuprompt[vllm]" on a GPU machine
+            pip install "gpuprompt[langchain]"      # plus "gpuprompt[gpu]" on a GPU machine
 
     Instantiate:
         .. code-block:: python

@@ -104,13 +104,15 @@ class NaivePipeline:
     """
 
     def __init__(self, documents: Sequence[str], vectors: Any, system_prompt: str, k: int = 4, max_tokens: int = 48):
-        import faiss
         import numpy as np
         import torch
         from sentence_transformers import SentenceTransformer
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
+        from gpuprompt.index._faiss import import_faiss
         from gpuprompt.models import resolve_chat_model, resolve_embedding_model
+
+        faiss = import_faiss()  # a typed DependencyError naming the extra when faiss is missing
 
         self.documents = list(documents)
         self.encoder = SentenceTransformer(resolve_embedding_model(None), device="cpu")

