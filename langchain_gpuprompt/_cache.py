@@ -1,25 +1,29 @@
-"""LangChain LLM cache that also answers prompts *similar* to a cached one (gpuprompt embedder + index).
+"""LangChain LLM cache that also answers prompts *similar* to a cached one, over gpuprompt's AnswerCache.
 
-Exact repeats are found by key without embedding anything; other prompts are embedded by the
-batched core Embedder and looked up in a core VectorIndex, pre-filtered to the same ``llm_string``.
+The core :class:`~gpuprompt.AnswerCache` does the work (exact key first, then one device similarity
+search within the namespace; LRU and TTL bounds); this adapter maps ``llm_string`` to its namespace
+and LangChain's chat-prompt JSON to the text that is compared.
 """
 
 from __future__ import annotations
 
-import hashlib
+import asyncio
 import json
-import threading
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from langchain_core.caches import RETURN_VAL_TYPE, BaseCache
 from langchain_core.embeddings import Embeddings
 from langchain_core.outputs import Generation
 
-from gpuprompt._validate import check_str
-from gpuprompt.errors import ConfigurationError, InputTypeError, describe
+from gpuprompt._device import check_device
+from gpuprompt._validate import check_str, fail
+from gpuprompt.answer_cache import DEFAULT_MAX_ENTRIES, DEFAULT_TTL_SECONDS, AnswerCache
+from gpuprompt.errors import InputTypeError, describe
 from langchain_gpuprompt._embeddings import GPUPromptEmbeddings
-from langchain_gpuprompt._vectorstores import GPUPromptVectorStore
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = ["GPUPromptSemanticCache"]
 
@@ -31,7 +35,9 @@ class GPUPromptSemanticCache(BaseCache):
     the cached prompt of the same ``llm_string`` most similar to the new one, and returns its
     generations when the cosine similarity is at least ``score_threshold``. Different models or
     settings (different ``llm_string``) never share entries. For chat models the similarity is
-    taken over the messages' text, not over LangChain's JSON serialisation of them.
+    taken over the messages' text, not over LangChain's JSON serialisation of them. The cache is
+    bounded: at most ``max_entries`` answers (the least recently used go first), each living
+    ``ttl_seconds``.
 
     Use:
         .. code-block:: python
@@ -45,9 +51,18 @@ class GPUPromptSemanticCache(BaseCache):
             llm.invoke("What's your return policy?")     # similar enough: served from the cache
 
     Args:
-        embedding: the embeddings for prompts (default: the bundled :class:`GPUPromptEmbeddings`).
+        embedding: the embeddings for prompts (default: the runtime's shared embedder). With
+            :class:`GPUPromptEmbeddings` its core embedder is used directly (batched, the prompt
+            vectors never leave the device); any other LangChain ``Embeddings`` works too.
         score_threshold: the least cosine similarity, in [-1, 1], that counts as the same prompt.
-        device: where the cache's vector index lives.
+        max_entries: most answers kept; the least recently used go first.
+        ttl_seconds: an answer's lifetime in seconds (None: no expiry).
+        device: where the prompt vectors of a non-gpuprompt ``embedding`` are kept (a gpuprompt
+            embedder keeps them on its own device).
+
+    Raises:
+        ConfigurationError: an option of the wrong type or range.
+        InputTypeError: ``embedding`` is not a LangChain ``Embeddings``.
     """
 
     def __init__(
@@ -55,25 +70,59 @@ class GPUPromptSemanticCache(BaseCache):
         embedding: Embeddings | None = None,
         *,
         score_threshold: float = 0.95,
+        max_entries: int = DEFAULT_MAX_ENTRIES,
+        ttl_seconds: float | None = DEFAULT_TTL_SECONDS,
         device: str = "auto",
     ) -> None:
-        number = isinstance(score_threshold, (int, float)) and not isinstance(score_threshold, bool)
-        if not number or not -1.0 <= score_threshold <= 1.0:
-            raise ConfigurationError(
-                f"'score_threshold' must be a cosine similarity in [-1, 1] (got {describe(score_threshold)})."
+        check_device(device)
+        if embedding is not None and not isinstance(embedding, Embeddings):
+            raise fail(
+                "embedding", "a LangChain Embeddings (e.g. GPUPromptEmbeddings()) or None", embedding,
+                error=InputTypeError,
             )
-        self.score_threshold = float(score_threshold)
-        self._store = GPUPromptVectorStore(embedding if embedding is not None else GPUPromptEmbeddings(), device=device)
-        self._generations: dict[str, list[Generation]] = {}
-        self._lock = threading.Lock()
+        self._embedding = embedding
+        if embedding is None:
+            embedder: Any = None  # the runtime's shared embedder, resolved on first use
+        elif isinstance(embedding, GPUPromptEmbeddings):
+            embedder = embedding.embedder  # the runtime's shared one for its settings (not loaded yet)
+        else:
+            embedder = _EmbeddingsOnDevice(embedding, device)
+        self._answers: AnswerCache[tuple[Generation, ...]] = AnswerCache(
+            embedder, score_threshold=score_threshold, max_entries=max_entries, ttl_seconds=ttl_seconds
+        )
 
     def __repr__(self) -> str:
-        return f"<GPUPromptSemanticCache entries={len(self._generations)} score_threshold={self.score_threshold}>"
+        return (
+            f"<GPUPromptSemanticCache entries={len(self._answers)} score_threshold={self.score_threshold} "
+            f"max_entries={self.max_entries}>"
+        )
+
+    @property
+    def score_threshold(self) -> float:
+        """The least cosine similarity that counts as the same prompt."""
+        return self._answers.score_threshold  # type: ignore[return-value]
+
+    @property
+    def max_entries(self) -> int:
+        """Most answers kept."""
+        return self._answers.max_entries  # type: ignore[return-value]
+
+    @property
+    def ttl_seconds(self) -> float | None:
+        """An answer's lifetime in seconds (None: no expiry)."""
+        return self._answers.ttl_seconds
 
     @property
     def embeddings(self) -> Embeddings:
         """The embeddings used for prompts."""
-        return self._store.embedding
+        if self._embedding is None:
+            self._embedding = GPUPromptEmbeddings()
+        return self._embedding
+
+    @property
+    def answer_cache(self) -> AnswerCache[tuple[Generation, ...]]:
+        """The core cache holding the answers (its ``stats()`` count hits, misses and evictions)."""
+        return self._answers
 
     # ------------------------------------------------------------------ sync
     def lookup(self, prompt: str, llm_string: str) -> RETURN_VAL_TYPE | None:
@@ -83,11 +132,8 @@ class GPUPromptSemanticCache(BaseCache):
             InputTypeError: ``prompt`` or ``llm_string`` is not a str.
             InvalidInputError: ``prompt`` or ``llm_string`` holds a lone surrogate.
         """
-        exact = self._exact(prompt, llm_string)
-        if exact is not None or not self._generations:
-            return exact
-        hits = self._store.similarity_search_with_score(_search_text(prompt), k=1, filter={"llm_string": llm_string})
-        return self._accept(hits)
+        found = self._answers.lookup(prompt, llm_string, text=_search_text(prompt, llm_string))
+        return list(found) if found is not None else None
 
     def update(self, prompt: str, llm_string: str, return_val: RETURN_VAL_TYPE) -> None:
         """Cache ``return_val`` for ``prompt`` under ``llm_string`` (replacing an older entry).
@@ -98,71 +144,77 @@ class GPUPromptSemanticCache(BaseCache):
             InvalidInputError: ``prompt`` or ``llm_string`` holds a lone surrogate. Nothing
                 cached changes.
         """
-        key = self._check_update(prompt, llm_string, return_val)
-        self._store.add_texts([_search_text(prompt)], [{"llm_string": llm_string}], ids=[key])
-        with self._lock:
-            self._generations[key] = list(return_val)
+        text = _search_text(prompt, llm_string)
+        self._answers.update(prompt, llm_string, _generations(return_val), text=text)
 
     def clear(self, **kwargs: Any) -> None:
         """Forget every cached entry."""
-        with self._lock:
-            self._generations.clear()
-            self._store.delete()
+        self._answers.clear()
 
     # ------------------------------------------------------------------ async
     async def alookup(self, prompt: str, llm_string: str) -> RETURN_VAL_TYPE | None:
         """Async :meth:`lookup`: the prompt is embedded by the batched embedder, off the loop."""
-        exact = self._exact(prompt, llm_string)
-        if exact is not None or not self._generations:
-            return exact
-        hits = await self._store.asimilarity_search_with_score(
-            _search_text(prompt), k=1, filter={"llm_string": llm_string}
-        )
-        return self._accept(hits)
+        found = await self._answers.alookup(prompt, llm_string, text=_search_text(prompt, llm_string))
+        return list(found) if found is not None else None
 
     async def aupdate(self, prompt: str, llm_string: str, return_val: RETURN_VAL_TYPE) -> None:
         """Async :meth:`update`."""
-        key = self._check_update(prompt, llm_string, return_val)
-        await self._store.aadd_texts([_search_text(prompt)], [{"llm_string": llm_string}], ids=[key])
-        with self._lock:
-            self._generations[key] = list(return_val)
+        text = _search_text(prompt, llm_string)
+        await self._answers.aupdate(prompt, llm_string, _generations(return_val), text=text)
 
     async def aclear(self, **kwargs: Any) -> None:
         """Async :meth:`clear`."""
         self.clear()
 
-    # ------------------------------------------------------------------ helpers
-    def _exact(self, prompt: str, llm_string: str) -> RETURN_VAL_TYPE | None:
-        key = _key(_check_str("prompt", prompt), _check_str("llm_string", llm_string))
-        with self._lock:
-            found = self._generations.get(key)
-        return list(found) if found is not None else None
 
-    def _accept(self, hits: Sequence[tuple[Any, float]]) -> RETURN_VAL_TYPE | None:
-        if not hits or hits[0][1] < self.score_threshold:
-            return None
-        with self._lock:
-            found = self._generations.get(hits[0][0].id)
-        return list(found) if found is not None else None
+class _EmbeddingsOnDevice:
+    """Any LangChain ``Embeddings`` as the core's embedder interface: float lists to a device tensor."""
 
-    @staticmethod
-    def _check_update(prompt: str, llm_string: str, return_val: Any) -> str:
-        key = _key(_check_str("prompt", prompt), _check_str("llm_string", llm_string))
-        if isinstance(return_val, (str, bytes)) or not isinstance(return_val, Sequence):
-            raise InputTypeError(f"'return_val' must be a list of Generation (got {describe(return_val)}).")
-        for position, generation in enumerate(return_val):
-            if not isinstance(generation, Generation):
-                raise InputTypeError(f"'return_val[{position}]' must be a Generation (got {describe(generation)}).")
-        return key
+    def __init__(self, embeddings: Embeddings, device: str) -> None:
+        self._embeddings = embeddings
+        self._device = device
+
+    def _tensor(self, rows: Any) -> torch.Tensor:
+        import torch
+
+        from gpuprompt._validate import check_real_matrix
+        from gpuprompt.runtime import get_runtime
+
+        return torch.from_numpy(check_real_matrix(rows, "embeddings")).to(get_runtime().resolve(self._device))
+
+    def embed_tensor(self, texts: list[str]) -> torch.Tensor:
+        return self._tensor(self._embeddings.embed_documents(texts))
+
+    async def aembed_tensor(self, texts: list[str]) -> torch.Tensor:
+        rows = await self._embeddings.aembed_documents(texts)
+        return await asyncio.to_thread(self._tensor, rows)  # resolving the device imports torch
+
+    async def aload(self) -> None:
+        return None
 
 
-def _search_text(prompt: str) -> str:
-    """The text to embed for ``prompt``.
+def _generations(return_val: Any) -> tuple[Generation, ...]:
+    """``return_val`` as an immutable tuple of ``Generation`` (a later change by the caller to its
+    list cannot change the cache)."""
+    if isinstance(return_val, (str, bytes)) or not isinstance(return_val, Sequence):
+        raise InputTypeError(f"'return_val' must be a list of Generation (got {describe(return_val)}).")
+    for position, generation in enumerate(return_val):
+        if not isinstance(generation, Generation):
+            raise InputTypeError(f"'return_val[{position}]' must be a Generation (got {describe(generation)}).")
+    return tuple(return_val)
+
+
+def _search_text(prompt: Any, llm_string: Any) -> str:
+    """The text whose similarity is compared for ``prompt`` (both arguments checked first).
 
     For chat models LangChain's cache prompt is the JSON serialisation of the message list, whose
-    shared boilerplate would make every conversation look alike; the similarity is then taken over
-    the messages' text. The JSON is only read, never turned back into objects.
+    shared boilerplate would make every conversation look alike; the messages' text is used
+    instead. The JSON is only read, never turned back into objects. A prompt with a lone surrogate
+    is refused even where its text would not hold it: it could never be cached, so a lookup refuses
+    it up front instead of letting the model run and the update fail.
     """
+    check_str(prompt, "prompt")
+    check_str(llm_string, "llm_string")
     if not prompt.startswith("["):
         return prompt
     try:
@@ -183,17 +235,3 @@ def _search_text(prompt: str) -> str:
     except UnicodeEncodeError:
         return prompt
     return joined if texts else prompt
-
-
-def _check_str(name: str, value: Any) -> str:
-    # Well-formed text too: a prompt with a lone surrogate could never be cached (nor embedded),
-    # so a lookup refuses it up front instead of letting the model run and the update fail.
-    return check_str(value, name)
-
-
-def _key(prompt: str, llm_string: str) -> str:
-    digest = hashlib.sha256()
-    digest.update(llm_string.encode("utf-8", "surrogatepass"))
-    digest.update(b"\0")
-    digest.update(prompt.encode("utf-8", "surrogatepass"))
-    return digest.hexdigest()

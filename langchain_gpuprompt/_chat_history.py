@@ -2,6 +2,7 @@
 
 Each message is embedded once, when added; ``relevant_messages`` then picks a session's past
 messages most similar to a query with one product on the device, never re-encoding history.
+Messages become turns exactly as :class:`ChatGPUPrompt` sends them to the engine (one translation).
 """
 
 from __future__ import annotations
@@ -13,37 +14,34 @@ from langchain_core.chat_history import BaseChatMessageHistory
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, SystemMessage
 
 from gpuprompt._validate import INT64_MAX, check_int, check_str
-from gpuprompt.errors import InputTypeError, InvalidInputError, describe
+from gpuprompt.errors import InputTypeError, describe
+from langchain_gpuprompt._chat_models import _to_core_messages
 
 if TYPE_CHECKING:
     from gpuprompt.context import ContextCache, Turn
 
 __all__ = ["GPUPromptChatMessageHistory"]
 
-_ROLE_OF_TYPE = {"human": "user", "ai": "assistant", "system": "system"}
 _MESSAGE_OF_ROLE: dict[str, type[BaseMessage]] = {"user": HumanMessage, "assistant": AIMessage, "system": SystemMessage}
-
-
-def shared_context_cache() -> ContextCache:
-    """The process-wide default :class:`~gpuprompt.ContextCache` (one per Runtime).
-
-    History objects are cheap and short-lived (``RunnableWithMessageHistory`` builds one per
-    call); the turns live in this shared cache, so every object for a session sees the same turns.
-    """
-    from gpuprompt.context import ContextCache
-    from gpuprompt.runtime import get_runtime
-
-    return get_runtime().get_or_create(("context_cache", "default"), ContextCache)
 
 
 class GPUPromptChatMessageHistory(BaseChatMessageHistory):
     """Chat history for one session, stored in gpuprompt's :class:`~gpuprompt.ContextCache`.
 
     Usable wherever LangChain takes a ``BaseChatMessageHistory``, notably
-    ``RunnableWithMessageHistory``. Messages are stored as (role, text) turns: human, AI and
-    system messages with text content. Each message is embedded once, on add, so
-    :meth:`relevant_messages` can pick the past messages most related to a new question without
-    re-encoding the conversation.
+    ``RunnableWithMessageHistory``. Messages are stored as (role, text) turns, translated exactly
+    as :class:`ChatGPUPrompt` sends them to the engine, so a conversation read back from the
+    history gives the model the same prompt as the original messages:
+
+    * ``SystemMessage`` -> ``"system"``, ``HumanMessage`` -> ``"user"``, ``AIMessage`` ->
+      ``"assistant"`` (its tool calls appended to the text as JSON);
+    * ``ToolMessage`` -> ``"user"``, as the text ``"Result of tool <name> call <id>: <content>"``
+      (the engine's chat templates know no tool role; until the core models tool calls, a tool
+      result is a user turn everywhere);
+    * read back, turns are ``SystemMessage``, ``HumanMessage`` and ``AIMessage``.
+
+    Each message is embedded once, on add, so :meth:`relevant_messages` can pick the past
+    messages most related to a new question without re-encoding the conversation.
 
     Instantiate:
         .. code-block:: python
@@ -75,15 +73,16 @@ class GPUPromptChatMessageHistory(BaseChatMessageHistory):
 
     Args:
         session_id: the conversation's id; sessions never see each other's messages.
-        context_cache: the cache to store turns in (default: the process-wide shared one, so
-            every history object for the same session id reads the same turns).
+        context_cache: the cache to store turns in (default: the runtime's shared one,
+            ``get_runtime().context_cache()``, so every history object -- and the LlamaIndex memory
+            block -- for the same session id reads the same turns in this process).
     """
 
     def __init__(self, session_id: str, *, context_cache: ContextCache | None = None) -> None:
-        check_str(session_id, "session_id", allow_empty=False)
-        if context_cache is not None:
-            from gpuprompt.context import ContextCache
+        from gpuprompt.context import ContextCache, check_session_id
 
+        check_session_id(session_id)  # the cache's own rule: an id accepted here never fails there
+        if context_cache is not None:
             if not isinstance(context_cache, ContextCache):
                 raise InputTypeError(
                     f"'context_cache' must be a gpuprompt.ContextCache or None (got {describe(context_cache)})."
@@ -98,7 +97,9 @@ class GPUPromptChatMessageHistory(BaseChatMessageHistory):
     def context_cache(self) -> ContextCache:
         """The ContextCache holding this session's turns."""
         if self._cache is None:
-            self._cache = shared_context_cache()
+            from gpuprompt.runtime import get_runtime
+
+            self._cache = get_runtime().context_cache()
         return self._cache
 
     # ------------------------------------------------------------------ reads
@@ -153,8 +154,8 @@ class GPUPromptChatMessageHistory(BaseChatMessageHistory):
         Raises:
             InputTypeError: ``messages`` is not a list of ``BaseMessage`` (a bare message or str
                 included), or an item is not one.
-            InvalidInputError: a tool message, an AI message with tool calls, or a text holding
-                a lone surrogate.
+            InvalidInputError: a message the chat model cannot send either (a non-text content
+                block, a ``ChatMessage`` with another role), or a text holding a lone surrogate.
         """
         self.context_cache.extend(self.session_id, _to_turns(messages))
 
@@ -189,23 +190,11 @@ def _to_turns(messages: Sequence[BaseMessage]) -> list[tuple[str, str]]:
         raise InputTypeError(
             f"'messages' must be a list of BaseMessage (got {describe(messages)}); wrap one message in a list."
         )
-    turns: list[tuple[str, str]] = []
-    for position, message in enumerate(messages):
-        if not isinstance(message, BaseMessage):
-            raise InputTypeError(f"'messages[{position}]' must be a BaseMessage (got {describe(message)}).")
-        role = _ROLE_OF_TYPE.get(message.type)
-        if role is None:
-            raise InvalidInputError(
-                f"'messages[{position}]' must be a human, AI or system message (got a {type(message).__name__}); "
-                "this history stores (role, text) turns, which cannot carry tool call ids."
-            )
-        if isinstance(message, AIMessage) and message.tool_calls:
-            raise InvalidInputError(
-                f"'messages[{position}]' is an AIMessage with tool_calls, which this history cannot keep "
-                "(it stores role and text only); store the final answer instead."
-            )
-        turns.append((role, check_str(message.text, f"messages[{position}].content")))
-    return turns
+    turns = _to_core_messages(messages)  # the chat model's translation: the same turns it would send
+    return [
+        (turn["role"], check_str(turn["content"], f"messages[{position}].content"))
+        for position, turn in enumerate(turns)
+    ]
 
 
 def _to_messages(turns: list[Turn]) -> list[BaseMessage]:

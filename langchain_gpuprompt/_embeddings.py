@@ -11,9 +11,9 @@ import dataclasses
 from typing import TYPE_CHECKING, Any
 
 from langchain_core.embeddings import Embeddings
-from pydantic import BaseModel, ConfigDict, PrivateAttr
+from pydantic import BaseModel, ConfigDict, PrivateAttr, ValidationError
 
-from gpuprompt._validate import check_str
+from gpuprompt._validate import check_str, configuration_error
 from gpuprompt.embedder import EmbedderConfig
 
 if TYPE_CHECKING:
@@ -90,7 +90,10 @@ class GPUPromptEmbeddings(BaseModel, Embeddings):
     _embedder: Embedder | None = PrivateAttr(default=None)
 
     def __init__(self, **data: Any) -> None:
-        super().__init__(**data)
+        try:
+            super().__init__(**data)
+        except ValidationError as exc:  # a field of the wrong type: our typed error, naming it
+            raise configuration_error(exc, "GPUPromptEmbeddings") from exc
         # Check the options now (pure Python, loads nothing) so a bad value fails at construction
         # with the core's typed ConfigurationError (pydantic would wrap it inside a validator).
         self._config()

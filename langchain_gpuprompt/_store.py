@@ -39,7 +39,19 @@ from langgraph.store.base import (
     tokenize_path,
 )
 
-from gpuprompt._validate import INT64_MAX, MAX_DEPTH, MAX_NODES, check_int, check_json, check_number, check_str, fail
+from gpuprompt._device import check_device
+from gpuprompt._validate import (
+    INT64_MAX,
+    MAX_DEPTH,
+    MAX_NODES,
+    check_clock,
+    check_int,
+    check_json,
+    check_number,
+    check_str,
+    check_ttl,
+    fail,
+)
 from gpuprompt.errors import ConfigurationError, InputTypeError, InvalidInputError, describe
 from langchain_gpuprompt._embeddings import GPUPromptEmbeddings
 from langchain_gpuprompt._vectorstores import GPUPromptVectorStore
@@ -121,7 +133,11 @@ class GPUPromptStore(BaseStore):
         ttl: LangGraph ``TTLConfig``: ``default_ttl`` (minutes) and ``refresh_on_read``. Expired
             items are never returned and are removed (with their vectors) at the next operation.
         device: where the vector index lives.
-        clock: the monotonic clock TTLs are measured on (seconds).
+        clock: the monotonic clock TTLs are measured on (seconds); called once now, as a probe.
+
+    Raises:
+        ConfigurationError: an option of the wrong type or range (``device`` included, also when
+            semantic search is off), or a ``clock`` that does not return a finite number.
     """
 
     supports_ttl: bool = True
@@ -143,10 +159,10 @@ class GPUPromptStore(BaseStore):
             raise ConfigurationError(
                 f"'ttl' must be None or a TTLConfig dict like {{'default_ttl': 60}} (got {describe(ttl)})."
             )
+        check_device(device)
+        check_clock(clock)
         self.ttl_config = dict(ttl) if ttl is not None else None  # type: ignore[assignment]
-        default_ttl = (ttl or {}).get("default_ttl")
-        if default_ttl is not None and check_number(default_ttl, "ttl.default_ttl", error=ConfigurationError) <= 0:
-            raise ConfigurationError(f"'ttl.default_ttl' must be None or minutes > 0 (got {describe(default_ttl)}).")
+        check_ttl((ttl or {}).get("default_ttl"), "ttl.default_ttl", unit="minutes")
         self._vectors: GPUPromptVectorStore | None = None
         self._fields: list[tuple[str, Any]] = []
         if index is not False:

@@ -7,7 +7,6 @@ batching of concurrent queries and persistence all live in the core index.
 from __future__ import annotations
 
 import asyncio
-import os
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
@@ -18,7 +17,16 @@ from langchain_core.embeddings import Embeddings
 from langchain_core.vectorstores import VectorStore
 from typing_extensions import Self
 
-from gpuprompt._validate import check_metadata, check_number, check_str, fail
+from gpuprompt._validate import (
+    check_metadata,
+    check_number,
+    check_path,
+    check_path_name,
+    check_real_matrix,
+    check_real_vector,
+    check_str,
+    fail,
+)
 from gpuprompt.errors import ConfigurationError, InputTypeError, InvalidInputError, describe
 from langchain_gpuprompt._embeddings import GPUPromptEmbeddings
 
@@ -26,9 +34,6 @@ if TYPE_CHECKING:
     from gpuprompt.index import Hit, Record, VectorIndex
 
 __all__ = ["GPUPromptVectorStore"]
-
-_METRICS = ("cosine", "ip", "l2")
-_BACKENDS = ("auto", "faiss", "torch")
 
 
 class GPUPromptVectorStore(VectorStore):
@@ -92,6 +97,10 @@ class GPUPromptVectorStore(VectorStore):
         backend: ``"auto"``, ``"faiss"`` or ``"torch"``.
         device: ``"auto"``, ``"cpu"``, ``"cuda"``, ``"cuda:N"`` or ``"mps"``.
         **index_options: further :class:`~gpuprompt.VectorIndex` options (``index_factory``, ...).
+
+    Raises:
+        ConfigurationError: an option the core index would refuse (checked now, by the core, so it
+            never fails the first add instead); ``index`` is not a :class:`~gpuprompt.VectorIndex`.
     """
 
     def __init__(
@@ -109,14 +118,23 @@ class GPUPromptVectorStore(VectorStore):
                 "'embedding' must be a langchain_core Embeddings, e.g. GPUPromptEmbeddings() "
                 f"(got {describe(embedding)})."
             )
-        if metric not in _METRICS:
-            raise ConfigurationError(f"'metric' must be one of {list(_METRICS)} (got {describe(metric)}).")
-        if backend not in _BACKENDS:
-            raise ConfigurationError(f"'backend' must be one of {list(_BACKENDS)} (got {describe(backend)}).")
+        from gpuprompt.index import VectorIndex
+
+        if index is not None and not isinstance(index, VectorIndex):
+            raise fail("index", "a gpuprompt.VectorIndex or None", index, error=ConfigurationError)
+        if "dim" in index_options:
+            raise ConfigurationError(
+                f"'dim' is not an option of GPUPromptVectorStore (got dim={describe(index_options['dim'])}): the "
+                "dimension is taken from the embeddings' first vectors."
+            )
+        options: dict[str, Any] = {"metric": metric, "backend": backend, "device": device, **index_options}
+        # The core checks the options now, so a bad one fails here rather than at the first add,
+        # when the index is built (the dimension is only known then). Loads nothing.
+        VectorIndex.check_options(**options)
         self.embedding = embedding
         self._index: VectorIndex | None = index
         self._metric = index.metric if index is not None else metric
-        self._index_options: dict[str, Any] = {"metric": metric, "backend": backend, "device": device, **index_options}
+        self._index_options = options
         self._lock = threading.Lock()
 
     def __repr__(self) -> str:
@@ -151,27 +169,27 @@ class GPUPromptVectorStore(VectorStore):
         device = self._device_embeddings
         if device is not None:
             return device.embed_tensor(texts)
-        return _as_matrix(self.embedding.embed_documents(texts), "embeddings")
+        return check_real_matrix(self.embedding.embed_documents(texts), "embeddings")
 
     async def _aembed_documents(self, texts: list[str]) -> Any:
         device = self._device_embeddings
         if device is not None:
             return await device.aembed_tensor(texts)
-        return _as_matrix(await self.embedding.aembed_documents(texts), "embeddings")
+        return check_real_matrix(await self.embedding.aembed_documents(texts), "embeddings")
 
     def _embed_query(self, query: str) -> Any:
         _check_query(query)
         device = self._device_embeddings
         if device is not None:
             return device.embed_tensor([query])
-        return _as_matrix([self.embedding.embed_query(query)], "embedding")
+        return check_real_matrix([self.embedding.embed_query(query)], "embedding")
 
     async def _aembed_query(self, query: str) -> Any:
         _check_query(query)
         device = self._device_embeddings
         if device is not None:
             return await device.aembed_tensor([query])
-        return _as_matrix([await self.embedding.aembed_query(query)], "embedding")
+        return check_real_matrix([await self.embedding.aembed_query(query)], "embedding")
 
     def _embedding_dim(self) -> int:
         device = self._device_embeddings
@@ -489,8 +507,7 @@ class GPUPromptVectorStore(VectorStore):
                 empty or holds NUL.
             InputTypeError: ``folder_path`` or ``index_name`` has the wrong type.
         """
-        folder = _check_folder(folder_path, "folder_path")
-        name = _check_name(index_name, "index_name")
+        folder, name = _snapshot_path(folder_path, index_name)
         index = self._index if self._index is not None else self._ensure_index(self._embedding_dim())
         folder.mkdir(parents=True, exist_ok=True)
         index.save(folder / name)
@@ -524,8 +541,7 @@ class GPUPromptVectorStore(VectorStore):
         """
         from gpuprompt.index import VectorIndex
 
-        folder = _check_folder(folder_path, "folder_path")
-        name = _check_name(index_name, "index_name")
+        folder, name = _snapshot_path(folder_path, index_name)
         index = VectorIndex.load(folder / name, device=device)
         return cls(embeddings, index=index, **kwargs)
 
@@ -556,34 +572,12 @@ def _check_ids(ids: Any) -> list[str]:
     return list(ids)
 
 
-def _check_folder(value: Any, name: str) -> Path:
-    """A folder path: a str or ``os.PathLike``, non-empty, without NUL or lone surrogates."""
-    if isinstance(value, os.PathLike):
-        value = os.fspath(value)
-    if not isinstance(value, str):
-        raise fail(name, "a str or os.PathLike folder path", value, error=InputTypeError)
-    if not value or "\x00" in value:
-        raise fail(name, "a non-empty folder path without NUL characters", value)
-    check_str(value, name)
-    return Path(value)
-
-
-def _check_name(value: Any, name: str) -> str:
-    """One path component: a non-empty str without separators, NUL, '.' or '..'.
-
-    The name is joined to a folder; a separator, ``..`` or an absolute path would put the
-    snapshot (and the files a load reads) outside that folder.
-    """
-    check_str(value, name)
-    separators = {"/", "\\", os.sep} | ({os.altsep} if os.altsep else set())
-    if not value or value in (".", "..") or "\x00" in value or any(sep in value for sep in separators):
-        raise fail(
-            name,
-            "a plain name: non-empty, without '/', '\\', NUL, and not '.' or '..'",
-            value,
-            fix="Pick a name such as 'index'; pass the folder as folder_path.",
-        )
-    return value
+def _snapshot_path(folder_path: Any, index_name: Any) -> tuple[Path, str]:
+    """The snapshot's folder and its plain name inside it (a name with a separator or ``..``
+    would put the snapshot, and the files a load reads, outside that folder)."""
+    folder = Path(check_path(folder_path, "folder_path", named=False))
+    name = check_path_name(index_name, "index_name", fix="Pick a name such as 'index'; pass the folder as folder_path.")
+    return folder, name
 
 
 def _no_kwargs(method: str, kwargs: dict[str, Any]) -> None:
@@ -603,28 +597,6 @@ def _search_kwargs(kwargs: dict[str, Any]) -> None:
         )
 
 
-def _as_matrix(rows: Any, name: str) -> Any:
-    """``rows`` as a 2-D float32 array; strs, bools, None, objects and ragged rows are refused.
-
-    ``np.asarray(rows, dtype=float32)`` would turn ``"1.5"`` and ``True`` into numbers: the array
-    is built without a dtype first, and only integer or float arrays are accepted.
-    """
-    import numpy as np
-
-    if rows is None or isinstance(rows, (str, bytes, Mapping)):
-        raise fail(name, "a list of numbers (or rows of them)", rows, error=InputTypeError)
-    try:
-        matrix = np.asarray(rows)
-    except (TypeError, ValueError, OverflowError):
-        raise fail(name, "a list of numbers (or rows of them, all of one length)", rows, error=InputTypeError) from None
-    if matrix.dtype.kind not in "iuf":
-        raise fail(name, "a list of numbers (or rows of them)", rows, error=InputTypeError)
-    if matrix.ndim != 2:
-        raise InputTypeError(f"'{name}' must be a flat list of floats (got an array of shape {matrix.shape[1:]}).")
-    with np.errstate(over="ignore"):
-        return matrix.astype(np.float32)
-
-
 def _listed(value: Any, name: str, what: str) -> list[Any]:
     """A list from a list, tuple or other iterable; a bare str, bytes or dict is refused."""
     if isinstance(value, (str, bytes)):
@@ -637,27 +609,15 @@ def _listed(value: Any, name: str, what: str) -> list[Any]:
         )
     if isinstance(value, Mapping) or not isinstance(value, Iterable):
         raise fail(name, f"a list of {what}", value, error=InputTypeError)
-    return list(value)
+    try:
+        return list(value)
+    except TypeError:  # iterable in name only: a 0-d numpy array says it is, then refuses
+        raise fail(name, f"a list of {what}", value, error=InputTypeError) from None
 
 
 def _vector(embedding: Any) -> Any:
-    """One query embedding (a flat list of numbers) as a ``(1, dim)`` float32 array.
-
-    Strs, bools, None, objects and nested lists are refused, not coerced.
-    """
-    import numpy as np
-
-    expected = "a flat list of numbers (an embedding)"
-    if embedding is None or isinstance(embedding, (str, bytes, Mapping)):
-        raise fail("embedding", expected, embedding, error=InputTypeError)
-    try:
-        array = np.asarray(embedding)
-    except (TypeError, ValueError, OverflowError):
-        raise fail("embedding", expected, embedding, error=InputTypeError) from None
-    if array.dtype.kind not in "iuf" or array.ndim != 1:
-        raise fail("embedding", expected, embedding, error=InputTypeError)
-    with np.errstate(over="ignore"):  # beyond float32 becomes inf, which the core refuses by name
-        return array.astype(np.float32)[None, :]
+    """One query embedding as a ``(1, dim)`` float32 array (the core's strict real-vector check)."""
+    return check_real_vector(embedding, "embedding")[None, :]
 
 
 def _prepare(

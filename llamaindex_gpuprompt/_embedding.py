@@ -6,14 +6,23 @@ embeddings of many concurrent ``aquery`` calls are computed together in one forw
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from llama_index.core.base.embeddings.base import BaseEmbedding, Embedding
-from llama_index.core.bridge.pydantic import ConfigDict, Field, PrivateAttr
+from llama_index.core.bridge.pydantic import (
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+)
 from llama_index.core.schema import BaseNode
 
-from gpuprompt._validate import check_str, check_str_list, fail
+from gpuprompt._validate import check_str, check_str_list, configuration_error, fail
+from gpuprompt.embedder import EmbedderConfig
 from gpuprompt.errors import ConfigurationError, InputTypeError, describe
 from gpuprompt.models import BUNDLED_EMBEDDING_MODEL
 from llamaindex_gpuprompt._common import check_options
@@ -22,6 +31,8 @@ if TYPE_CHECKING:
     from gpuprompt.embedder import Embedder
 
 __all__ = ["GPUPromptEmbedding"]
+
+_EMBEDDER_OPTIONS = tuple(field.name for field in dataclasses.fields(EmbedderConfig))
 
 class GPUPromptEmbedding(BaseEmbedding):
     """LlamaIndex embedding model backed by gpuprompt's batched, device-cached Embedder.
@@ -69,6 +80,12 @@ class GPUPromptEmbedding(BaseEmbedding):
 
     _embedder: Embedder | None = PrivateAttr(default=None)
 
+    @field_validator("query_instruction", "text_instruction", mode="before")
+    @classmethod
+    def _check_instruction(cls, value: Any, info: ValidationInfo) -> str | None:
+        # Well-formed text: a lone surrogate here would make every later embedding call fail.
+        return check_str(value, str(info.field_name), allow_none=True, error=ConfigurationError)
+
     def __init__(self, model_name: str = BUNDLED_EMBEDDING_MODEL, *, embedder: Embedder | None = None, **kwargs: Any):
         if embedder is not None:
             from gpuprompt.embedder import Embedder
@@ -76,8 +93,20 @@ class GPUPromptEmbedding(BaseEmbedding):
             if not isinstance(embedder, Embedder):
                 raise ConfigurationError(f"'embedder' must be a gpuprompt.Embedder or None (got {describe(embedder)}).")
             model_name = embedder.model_id
-        check_options("embedder_options", kwargs.get("embedder_options"), ("model", "device", "normalize"))
-        super().__init__(model_name=model_name, **kwargs)
+        check_options(
+            "embedder_options",
+            kwargs.get("embedder_options"),
+            ("model", "device", "normalize"),
+            valid=_EMBEDDER_OPTIONS,
+        )
+        try:
+            super().__init__(model_name=model_name, **kwargs)
+        except ValidationError as exc:  # a field of the wrong type: our typed error, naming it
+            raise configuration_error(exc, "GPUPromptEmbedding") from exc
+        if embedder is None:
+            # The core checks the settings now (pure Python, loads nothing): a bad option fails
+            # here, not at the first embedding.
+            self._config()
         self._embedder = embedder
 
     @classmethod
@@ -88,16 +117,19 @@ class GPUPromptEmbedding(BaseEmbedding):
         return f"GPUPromptEmbedding(model_name={self.model_name!r}, device={self.device!r})"
 
     # ------------------------------------------------------------------ the core object
+    def _config(self) -> EmbedderConfig:
+        model = None if self.model_name == BUNDLED_EMBEDDING_MODEL else self.model_name
+        return EmbedderConfig(model=model, device=self.device, normalize=self.normalize, **self.embedder_options)
+
     @property
     def embedder(self) -> Embedder:
         """The core Embedder (the runtime's shared instance for this config, obtained on first use)."""
         if self._embedder is None:
             from gpuprompt import get_runtime
 
-            model = None if self.model_name == BUNDLED_EMBEDDING_MODEL else self.model_name
-            self._embedder = get_runtime().embedder(
-                model, device=self.device, normalize=self.normalize, **self.embedder_options
-            )
+            config = self._config()
+            options = {k: v for k, v in dataclasses.asdict(config).items() if k != "model"}
+            self._embedder = get_runtime().embedder(config.model, **options)
         return self._embedder
 
     def _queries(self, query: Any) -> list[str]:

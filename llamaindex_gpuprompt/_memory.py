@@ -6,14 +6,16 @@ most relevant past turns with one product against the device-resident turn embed
 
 from __future__ import annotations
 
+import re
+import string
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from llama_index.core.base.llms.types import ChatMessage, TextBlock
-from llama_index.core.bridge.pydantic import ConfigDict, Field, PrivateAttr, field_validator
+from llama_index.core.bridge.pydantic import ConfigDict, Field, PrivateAttr, ValidationError, field_validator
 from llama_index.core.memory.memory import BaseMemoryBlock
 
-from gpuprompt._validate import INT64_MAX, check_str, fail
+from gpuprompt._validate import INT64_MAX, check_str, configuration_error, fail
 from gpuprompt.errors import ConfigurationError, InputTypeError, describe
 
 if TYPE_CHECKING:
@@ -21,7 +23,11 @@ if TYPE_CHECKING:
 
 __all__ = ["GPUPromptContextMemoryBlock"]
 
-# ContextCache knows four roles; LlamaIndex has a few aliases of them.
+_MAX_WIDTH = 10_000
+"""Widest format-spec number a ``turn_template`` may use."""
+
+# ContextCache keeps the LLM's three roles; LlamaIndex has aliases of them. A tool or function
+# result is a user turn, as GPUPromptLLM sends it (the engine's chat templates know no tool role).
 _ROLE_MAP = {
     "system": "system",
     "developer": "system",
@@ -29,8 +35,8 @@ _ROLE_MAP = {
     "assistant": "assistant",
     "chatbot": "assistant",
     "model": "assistant",
-    "tool": "tool",
-    "function": "tool",
+    "tool": "user",
+    "function": "user",
 }
 
 
@@ -46,6 +52,11 @@ class GPUPromptContextMemoryBlock(BaseMemoryBlock[str]):
     embeds only the new query and returns the past turns most similar to it, oldest first. Sessions
     never see each other's turns.
 
+    Roles: system and developer messages are stored as ``"system"``, assistant, chatbot and model
+    messages as ``"assistant"``, and user, tool and function messages as ``"user"`` -- the same
+    mapping :class:`GPUPromptLLM` applies when it sends messages (until the core models tool
+    calls, a tool result is a user turn everywhere).
+
     Example:
         >>> from llama_index.core.memory import Memory
         >>> from llamaindex_gpuprompt import GPUPromptContextMemoryBlock
@@ -56,8 +67,9 @@ class GPUPromptContextMemoryBlock(BaseMemoryBlock[str]):
         >>> # use `memory` in a chat engine or agent as usual
 
     Args:
-        context_cache: the :class:`gpuprompt.ContextCache` to use (default: a new one over the
-            runtime's shared embedder, built on first use).
+        context_cache: the :class:`gpuprompt.ContextCache` to use (default: the runtime's shared
+            one, ``get_runtime().context_cache()``, so a session id sees the same turns here as in
+            LangChain's ``GPUPromptChatMessageHistory`` in this process).
         **kwargs: the fields below and those of ``BaseMemoryBlock``.
     """
 
@@ -89,13 +101,32 @@ class GPUPromptContextMemoryBlock(BaseMemoryBlock[str]):
     @field_validator("turn_template")
     @classmethod
     def _check_template(cls, value: str) -> str:
-        _render(value, "user", "text")  # a template naming other fields fails now, not on a read
+        check_str(value, "turn_template", error=ConfigurationError)
+        try:
+            fields = [(name, spec or "") for _, name, spec, _ in string.Formatter().parse(value) if name is not None]
+        except ValueError as exc:
+            raise _template_error(value, exc) from None
+        for name, spec in fields:
+            # Only the two fields, and a format spec that cannot allocate without bound: a width
+            # such as {text:>99999999999}, or one taken from the message ({role:{text}}), would.
+            numbers = re.findall(r"\d+", spec)
+            if name not in ("role", "text") or "{" in spec or any(len(n) > 5 or int(n) > _MAX_WIDTH for n in numbers):
+                field = "{" + name + (":" + spec if spec else "") + "}"
+                raise _template_error(value, f"field {field} is not {{role}} or {{text}} with a width <= {_MAX_WIDTH}")
+        _render(value, "user", "text")  # a conversion or spec that fails, fails now, not on a read
         return value
+
+    @field_validator("name")
+    @classmethod
+    def _check_name(cls, value: str) -> str:
+        return check_str(value, "name", error=ConfigurationError)
 
     @field_validator("default_session_id")
     @classmethod
     def _check_session(cls, value: str) -> str:
-        return check_str(value, "default_session_id", allow_empty=False)
+        from gpuprompt.context import check_session_id
+
+        return check_session_id(value, "default_session_id")
 
     def __init__(self, *, context_cache: ContextCache | None = None, **kwargs: Any) -> None:
         if context_cache is not None:
@@ -105,16 +136,19 @@ class GPUPromptContextMemoryBlock(BaseMemoryBlock[str]):
                 raise ConfigurationError(
                     f"'context_cache' must be a gpuprompt.ContextCache or None (got {describe(context_cache)})."
                 )
-        super().__init__(**kwargs)
+        try:
+            super().__init__(**kwargs)
+        except ValidationError as exc:  # a field of the wrong type: our typed error, naming it
+            raise configuration_error(exc, "GPUPromptContextMemoryBlock") from exc
         self._cache = context_cache
 
     @property
     def context_cache(self) -> ContextCache:
-        """The core ContextCache holding the turns (built on first use)."""
+        """The core ContextCache holding the turns (the runtime's shared one unless given)."""
         if self._cache is None:
-            from gpuprompt.context import ContextCache
+            from gpuprompt.runtime import get_runtime
 
-            self._cache = ContextCache()
+            self._cache = get_runtime().context_cache()
         return self._cache
 
     async def aput(
@@ -128,12 +162,15 @@ class GPUPromptContextMemoryBlock(BaseMemoryBlock[str]):
                 ``session_id`` is empty. Nothing is stored then.
         """
         _messages(messages)
-        check_str(session_id, "session_id", allow_none=True, allow_empty=False)
+        if session_id is not None:
+            from gpuprompt.context import check_session_id
+
+            check_session_id(session_id)
         await super().aput(messages, from_short_term_memory=from_short_term_memory, session_id=session_id)
 
     async def _aget(self, messages: list[ChatMessage] | None = None, **block_kwargs: Any) -> str:
         messages = _messages(messages, allow_none=True)
-        session_id = block_kwargs.get("session_id") or self.default_session_id
+        session_id = self._session(block_kwargs.get("session_id"), "session_id")
         recent_messages = [m for m in (messages or []) if _message_text(m)][-self.query_messages :]
         query = " ".join(_message_text(m) for m in recent_messages) or None
         if query is None and self.recent == 0:
@@ -143,12 +180,22 @@ class GPUPromptContextMemoryBlock(BaseMemoryBlock[str]):
         )
         return "\n".join(_render(self.turn_template, turn.role, turn.text) for turn in turns)
 
+    def _session(self, value: Any, name: str) -> str:
+        """The session a call or message names (None or "": the default), as the cache accepts it."""
+        if value is None or (isinstance(value, str) and not value):
+            return self.default_session_id
+        from gpuprompt.context import check_session_id
+
+        return check_session_id(value, name)
+
     async def _aput(self, messages: list[ChatMessage]) -> None:
+        # Every message is checked before anything is stored: a refused call stores nothing.
         by_session: dict[str, list[tuple[str, str]]] = {}
         for i, message in enumerate(_messages(messages)):
             # BaseMemoryBlock.aput tags each message with the memory's session id.
-            session_id = message.additional_kwargs.get("session_id") or self.default_session_id
-            check_str(session_id, f"messages[{i}].additional_kwargs['session_id']")
+            session_id = self._session(
+                message.additional_kwargs.get("session_id"), f"messages[{i}].additional_kwargs['session_id']"
+            )
             text = check_str(_message_text(message), f"messages[{i}].content")
             if not text:
                 continue
@@ -177,7 +224,12 @@ def _render(template: str, role: str, text: str) -> str:
     try:
         return template.format(role=role, text=text)
     except (KeyError, IndexError, ValueError, AttributeError, TypeError) as exc:
-        raise ConfigurationError(
-            f"'turn_template' must be a str.format template using only {{role}} and {{text}} "
-            f"(got {describe(template)}: {type(exc).__name__}: {exc})."
-        ) from None
+        raise _template_error(template, exc) from None
+
+
+def _template_error(template: str, problem: object) -> ConfigurationError:
+    reason = f"{type(problem).__name__}: {problem}" if isinstance(problem, Exception) else str(problem)
+    return ConfigurationError(
+        f"'turn_template' must be a str.format template using only {{role}} and {{text}} "
+        f"(got {describe(template)}: {reason})."
+    )

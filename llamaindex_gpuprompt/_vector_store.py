@@ -10,10 +10,9 @@ import asyncio
 import os
 import threading
 from collections.abc import Sequence
-from pathlib import PurePath
 from typing import TYPE_CHECKING, Any, Literal
 
-from llama_index.core.bridge.pydantic import ConfigDict, Field, PrivateAttr
+from llama_index.core.bridge.pydantic import ConfigDict, Field, PrivateAttr, ValidationError
 from llama_index.core.schema import BaseNode, MetadataMode
 from llama_index.core.vector_stores.types import (
     DEFAULT_PERSIST_DIR,
@@ -26,7 +25,18 @@ from llama_index.core.vector_stores.types import (
 )
 from llama_index.core.vector_stores.utils import metadata_dict_to_node, node_to_metadata_dict
 
-from gpuprompt._validate import check_int, check_metadata, check_number, check_str, check_text, fail
+from gpuprompt._validate import (
+    check_choice,
+    check_int,
+    check_metadata,
+    check_number,
+    check_path,
+    check_path_name,
+    check_real_vector,
+    check_str,
+    check_text,
+    configuration_error,
+)
 from gpuprompt.errors import (
     ConfigurationError,
     DimensionMismatchError,
@@ -38,8 +48,6 @@ from llamaindex_gpuprompt._common import check_options
 from llamaindex_gpuprompt._filters import RESERVED_KEY, is_reserved_key, to_core_filter
 
 if TYPE_CHECKING:
-    import numpy as np
-
     from gpuprompt.index import Hit, Record, VectorIndex
 
 __all__ = ["GPUPromptVectorStore"]
@@ -53,7 +61,7 @@ metadata is the user's node metadata, which filters see."""
 
 _NAMESPACE_SEP = "__"
 _DEFAULT_NAMESPACE = "default"
-_MODES = (VectorStoreQueryMode.DEFAULT, VectorStoreQueryMode.MMR)
+_MODES = (VectorStoreQueryMode.DEFAULT.value, VectorStoreQueryMode.MMR.value)
 
 
 def _and(*filters: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -72,74 +80,6 @@ def _id_list(value: Any, name: str) -> list[str] | None:
     for i, item in enumerate(items):
         check_str(item, f"{name}[{i}]")
     return items
-
-
-def _vector(value: Any, name: str) -> np.ndarray:
-    """``value`` as a 1-D float32 array; strs, bools, None, objects and ragged rows are refused.
-
-    ``np.asarray(value, dtype=float32)`` would turn ``"1.5"`` and ``True`` into numbers: the array
-    is built without a dtype first, and only integer or float arrays are accepted.
-    """
-    import numpy as np
-
-    expected = "a flat list of numbers (an embedding)"
-    if value is None or isinstance(value, (str, bytes, dict)):
-        raise fail(name, expected, value, error=InputTypeError)
-    try:
-        array = np.asarray(value)
-    except (TypeError, ValueError, OverflowError):
-        raise fail(name, expected, value, fix="Every row must have the same length.", error=InputTypeError) from None
-    if array.dtype.kind not in "iuf":
-        raise fail(name, expected, value, error=InputTypeError)
-    if array.ndim != 1:
-        error = InputTypeError if array.ndim == 0 else InvalidInputError
-        raise fail(name, expected + f", not an array of shape {array.shape}", value, error=error)
-    with np.errstate(over="ignore"):  # beyond float32 becomes inf, which the core refuses by name
-        return array.astype(np.float32)
-
-
-def _check_path(value: Any, name: str) -> str:
-    """A local path to a snapshot folder: a str (or ``os.PathLike``) naming a folder.
-
-    Refuses what would make a snapshot land somewhere else than meant: an empty path, NUL, lone
-    surrogates, a last part of ``.``, ``..`` or a root, and ``..`` after a named folder (``a/../b``,
-    how a namespace such as ``"../../x"`` escapes the persist folder).
-    """
-    if isinstance(value, os.PathLike):
-        value = os.fspath(value)
-    if not isinstance(value, str):
-        raise fail(name, "a str or os.PathLike folder path", value, error=InputTypeError)
-    if not value or "\x00" in value:
-        raise fail(name, "a non-empty path without NUL characters", value)
-    check_text(value, name)
-    parts = PurePath(value).parts
-    if not parts or PurePath(value).name in ("", ".", ".."):
-        raise fail(name, "a path whose last part names a folder (not '.', '..' or a root)", value)
-    named = False
-    for part in parts:
-        if part == ".." and named:
-            raise fail(
-                name,
-                "a path that does not step back out of a folder it named ('a/../b')",
-                value,
-                fix="Pass os.path.normpath(path), and keep namespaces free of '/' and '..'.",
-            )
-        named = named or part not in ("..", ".") and part != PurePath(value).anchor
-    return value
-
-
-def _check_name(value: Any, name: str) -> str:
-    """One path component: a non-empty str without separators, NUL, '.' or '..'."""
-    check_str(value, name)
-    separators = {"/", "\\", os.sep} | ({os.altsep} if os.altsep else set())
-    if not value or value in (".", "..") or "\x00" in value or any(sep in value for sep in separators):
-        raise fail(
-            name,
-            "a plain name: non-empty, without '/', '\\', NUL, and not '.' or '..'",
-            value,
-            fix="Pick a name such as 'default'; it becomes part of a file name inside the folder.",
-        )
-    return value
 
 
 class GPUPromptVectorStore(BasePydanticVectorStore):
@@ -205,7 +145,18 @@ class GPUPromptVectorStore(BasePydanticVectorStore):
             kwargs.setdefault("dim", index.dim)
             kwargs.setdefault("metric", index.metric)
         check_options("index_options", kwargs.get("index_options"), ("dim", "metric", "backend", "device"))
-        super().__init__(**kwargs)
+        try:
+            super().__init__(**kwargs)
+        except ValidationError as exc:  # a field of the wrong type: our typed error, naming it
+            raise configuration_error(exc, "GPUPromptVectorStore") from exc
+        if index is None:
+            from gpuprompt.index import VectorIndex
+
+            # The core checks the options now, so a bad one fails here rather than when the index
+            # is built at the first add (the dimension may only be known then). Loads nothing.
+            VectorIndex.check_options(
+                dim=self.dim or 1, metric=self.metric, backend=self.backend, device=self.device, **self.index_options
+            )
         self._index = index
 
     @classmethod
@@ -253,7 +204,7 @@ class GPUPromptVectorStore(BasePydanticVectorStore):
                     f"'nodes[{i}]' (id {node.node_id!r}) has no embedding; embed the nodes first "
                     "(VectorStoreIndex does) or set node.embedding."
                 )
-            embedding = _vector(node.embedding, f"nodes[{i}].embedding")
+            embedding = check_real_vector(node.embedding, f"nodes[{i}].embedding")
             dim = dim or len(embedding)
             if len(embedding) != dim:
                 raise DimensionMismatchError(
@@ -438,17 +389,15 @@ class GPUPromptVectorStore(BasePydanticVectorStore):
     ) -> tuple[Any, int, dict | None, dict | None, _Restriction]:
         if not isinstance(query, VectorStoreQuery):
             raise InputTypeError(f"'query' must be a VectorStoreQuery (got {describe(query)}).")
-        if query.mode not in _MODES:
-            raise InvalidInputError(
-                f"'query.mode' must be 'default' or 'mmr' for GPUPromptVectorStore (got {describe(query.mode)})."
-            )
+        mode = query.mode.value if isinstance(query.mode, VectorStoreQueryMode) else query.mode
+        check_choice(mode, "query.mode", _MODES)  # strict: never compares an array or a lookalike
         if query.query_embedding is None:
             raise InvalidInputError(
                 "'query.query_embedding' must be a list of floats (got None); embed the query first "
                 "(retrievers and query engines do)."
             )
         k = check_int(query.similarity_top_k, "query.similarity_top_k", min=0)
-        vector = _vector(query.query_embedding, "query.query_embedding")
+        vector = check_real_vector(query.query_embedding, "query.query_embedding")
         if self.dim is not None and vector.shape[0] != self.dim:
             raise DimensionMismatchError(
                 f"'query.query_embedding' must have {self.dim} dimensions (got {vector.shape[0]}); embed the "
@@ -545,7 +494,7 @@ class GPUPromptVectorStore(BasePydanticVectorStore):
             InputTypeError: ``persist_path`` is not a str or ``os.PathLike``.
         """
         _check_local_fs(fs)
-        persist_path = _check_path(persist_path, "persist_path")
+        persist_path = check_path(persist_path, "persist_path")
         index = self.client
         if index is None:
             raise InvalidInputError(
@@ -565,7 +514,7 @@ class GPUPromptVectorStore(BasePydanticVectorStore):
             InvalidInputError: ``persist_path`` is not a usable folder path (see :meth:`persist`).
         """
         _check_local_fs(fs)
-        persist_path = _check_path(persist_path, "persist_path")
+        persist_path = check_path(persist_path, "persist_path")
         from gpuprompt.index import VectorIndex
 
         return cls(index=VectorIndex.load(persist_path, device=device), device=device, **kwargs)
@@ -582,8 +531,8 @@ class GPUPromptVectorStore(BasePydanticVectorStore):
                 ``/``, ``\\`` or NUL: it would read outside ``persist_dir``), or ``persist_dir`` is
                 not a usable folder path.
         """
-        _check_name(namespace, "namespace")
-        persist_dir = _check_path(persist_dir, "persist_dir")
+        check_path_name(namespace, "namespace", fix="Pick a name such as 'default'; it becomes part of a file name.")
+        persist_dir = check_path(persist_dir, "persist_dir")
         path = os.path.join(persist_dir, f"{namespace}{_NAMESPACE_SEP}{DEFAULT_PERSIST_FNAME}")
         return cls.from_persist_path(path, fs=fs, **kwargs)
 

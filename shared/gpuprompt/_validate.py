@@ -8,10 +8,15 @@ values are iterative and bounded, so hostile input (cycles, depth 10,000) never 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
-from typing import Any, TypeVar
+import os
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import PurePath
+from typing import TYPE_CHECKING, Any, TypeVar
 
-from gpuprompt.errors import InputTypeError, InvalidInputError, describe
+from gpuprompt.errors import ConfigurationError, GPUPromptError, InputTypeError, InvalidInputError, describe
+
+if TYPE_CHECKING:
+    import numpy as np
 
 __all__ = [
     "INT64_MAX",
@@ -19,14 +24,21 @@ __all__ = [
     "MAX_DEPTH",
     "check_bool",
     "check_choice",
+    "check_clock",
     "check_depth",
     "check_int",
     "check_json",
     "check_metadata",
     "check_number",
+    "check_path",
+    "check_path_name",
+    "check_real_matrix",
+    "check_real_vector",
     "check_str",
     "check_str_list",
     "check_text",
+    "check_ttl",
+    "configuration_error",
     "fail",
 ]
 
@@ -282,6 +294,196 @@ def check_metadata(value: Any, name: str = "metadata", *, allow_none: bool = Tru
     if not isinstance(value, Mapping):
         raise fail(name, "a dict" + (" or None" if allow_none else ""), value, error=InputTypeError)
     return check_json(value, name)
+
+
+def check_clock(clock: Any, name: str = "clock", *, error: type[Exception] = ConfigurationError) -> Callable[[], float]:
+    """Return ``clock`` if it is a callable that returns a finite number of seconds.
+
+    Called once, as a probe: a clock that raises or returns something else would otherwise fail
+    at the first write that reads the time, long after it was accepted.
+    """
+    if not callable(clock):
+        raise fail(name, "a callable () -> float returning seconds", clock, error=error)
+    try:
+        now = clock()
+    except Exception as exc:
+        raise error(f"'{name}' raised {exc!r} when called; pass a callable () -> float.") from exc
+    check_number(now, f"{name}()", error=error)
+    return clock
+
+
+def check_ttl(
+    value: Any, name: str = "ttl_seconds", *, unit: str = "seconds", error: type[Exception] = ConfigurationError
+) -> float | None:
+    """Return a lifetime as a float > 0, or None (no expiry); a zero lifetime is refused like a
+    negative one (it would drop everything at once)."""
+    if value is None:
+        return None
+    phrase = f"a finite number of {unit} > 0 or None"
+    try:
+        ttl = check_number(value, name, min=0, error=error)
+    except GPUPromptError:
+        raise fail(name, phrase, value, error=error) from None
+    if ttl == 0:
+        raise fail(name, phrase, value, error=error)
+    return ttl
+
+
+def check_path_name(value: Any, name: str, *, fix: str = "Pick a plain name such as 'index'.") -> str:
+    """Return ``value`` if it is one plain file or folder name: joined to a folder, it stays inside.
+
+    Refused: a non-str, an empty name, ``.`` and ``..``, a separator (``/``, ``\\``, the OS's own),
+    NUL and lone surrogates.
+    """
+    check_str(value, name)
+    separators = {"/", "\\", os.sep} | ({os.altsep} if os.altsep else set())
+    if not value or value in (".", "..") or "\x00" in value or any(sep in value for sep in separators):
+        raise fail(name, "a plain name: non-empty, without '/', '\\', NUL, and not '.' or '..'", value, fix=fix)
+    return value
+
+
+def check_path(value: Any, name: str, *, named: bool = True) -> str:
+    """Return a local path (a str or ``os.PathLike``) as a str, or refuse one that could land elsewhere.
+
+    Refused: a non-str, an empty path, NUL, lone surrogates, ``..`` after a folder the path named
+    (``a/../b``: how a name such as ``"../../x"`` joined to a folder escapes it) and, when
+    ``named`` (the path names the snapshot itself, not its parent folder), a last part of ``.``,
+    ``..`` or a root.
+    """
+    if isinstance(value, os.PathLike):
+        value = os.fspath(value)
+    if not isinstance(value, str):
+        raise fail(name, "a str or os.PathLike path", value, error=InputTypeError)
+    if not value or "\x00" in value:
+        raise fail(name, "a non-empty path without NUL characters", value)
+    check_text(value, name)
+    path = PurePath(value)
+    if named and path.name in ("", ".", ".."):
+        raise fail(name, "a path whose last part names a folder (not '.', '..' or a root)", value)
+    named_folder = False
+    for part in path.parts:
+        if part == ".." and named_folder:
+            raise fail(
+                name,
+                "a path that does not step back out of a folder it named ('a/../b')",
+                value,
+                fix="Pass os.path.normpath(path), and keep names free of '/' and '..'.",
+            )
+        named_folder = named_folder or (part not in ("..", ".") and part != path.anchor)
+    return value
+
+
+def check_real_vector(value: Any, name: str) -> np.ndarray:
+    """Return one vector (a list, tuple or array of real numbers) as a 1-D float32 array.
+
+    Strict: bools, strs, None, complex numbers, objects and nested lists are refused, not coerced
+    (``np.asarray(["1.5", True], dtype=float32)`` would take them), and so are NaN, inf and values
+    beyond float32's range, which no index can rank.
+
+    Raises:
+        InputTypeError: not a flat sequence of real numbers (the message names the first bad item).
+        InvalidInputError: a value is not finite in float32.
+    """
+    return _real_array(value, name, 1)
+
+
+def check_real_matrix(value: Any, name: str) -> np.ndarray:
+    """Return rows of real numbers, all of one length, as a 2-D float32 array (as
+    :func:`check_real_vector`, row by row; ragged rows are refused)."""
+    return _real_array(value, name, 2)
+
+
+def _real_array(value: Any, name: str, ndim: int) -> np.ndarray:
+    import numpy as np
+
+    expected = "a flat list of real numbers (an embedding)" if ndim == 1 else "a list of rows of real numbers"
+    if isinstance(value, (str, bytes, bytearray, Mapping)) or not (
+        isinstance(value, (list, tuple)) or hasattr(value, "__array__")
+    ):
+        raise fail(name, expected, value, error=InputTypeError)
+    if isinstance(value, (list, tuple)):
+        rows = [(name, value)] if ndim == 1 else list(_rows(value, name, expected))
+        for row_name, row in rows:
+            if isinstance(row, (list, tuple)):
+                _check_real_items(row, row_name, name, expected)
+    try:
+        array = np.asarray(value)
+    except (TypeError, ValueError, OverflowError):  # ragged rows, or items numpy cannot hold
+        raise fail(name, expected, value, fix="Every row must have the same length.", error=InputTypeError) from None
+    if array.dtype.kind not in "iuf" or array.ndim != ndim:
+        shape = f"It is an array of shape {array.shape}." if array.dtype.kind in "iuf" else ""
+        raise fail(name, expected, value, fix=shape, error=InputTypeError)
+    with np.errstate(over="ignore", invalid="ignore"):
+        converted = array.astype(np.float32)
+    if not np.isfinite(converted).all():
+        raise fail(
+            name,
+            expected.replace("real numbers", "finite real numbers"),
+            value,
+            fix="NaN, inf and values beyond float32's range (about 3.4e38) cannot be ranked.",
+        )
+    return converted
+
+
+def _rows(value: list[Any] | tuple[Any, ...], name: str, expected: str) -> Iterable[tuple[str, Any]]:
+    import numpy as np
+
+    for i, row in enumerate(value):
+        if isinstance(row, (list, tuple)):
+            yield f"{name}[{i}]", row
+        elif isinstance(row, (str, bytes, bytearray, Mapping)) or not hasattr(row, "__array__"):
+            raise fail(name, expected, value, fix=f"Row {i} is {describe(row)}.", error=InputTypeError)
+        elif np.asarray(row).dtype.kind not in "iuf":  # a bool row would be upcast beside a float one
+            fix = f"Row {i} holds {np.asarray(row).dtype} values."
+            raise fail(name, expected, value, fix=fix, error=InputTypeError)
+
+
+def _check_real_items(row: list[Any] | tuple[Any, ...], row_name: str, name: str, expected: str) -> None:
+    import numpy as np
+
+    # One pass over the item types in C (map/set), then a look at the few distinct types.
+    for kind in set(map(type, row)):
+        if kind is bool or not issubclass(kind, (int, float, np.integer, np.floating)):
+            position = next(i for i, item in enumerate(row) if type(item) is kind)
+            raise fail(
+                name,
+                expected,
+                row,
+                fix=f"'{row_name}[{position}]' is {describe(row[position])}.",
+                error=InputTypeError,
+            )
+
+
+def configuration_error(exc: Exception, owner: str) -> Exception:
+    """The typed error for a pydantic ``ValidationError`` raised over ``owner``'s own fields.
+
+    A gpuprompt error raised inside a field validator is returned as it was raised; any other
+    failure becomes a :class:`~gpuprompt.errors.ConfigurationError` naming the first bad field and
+    value. Raise the result ``from exc``. (Reads ``exc.errors()``: no pydantic import here.)
+    """
+    try:
+        errors = list(exc.errors())  # type: ignore[attr-defined]
+    except Exception:  # noqa: BLE001 - not a ValidationError after all: keep its text
+        return ConfigurationError(f"invalid options for {owner}: {exc}")
+    if not errors:
+        return ConfigurationError(f"invalid options for {owner}: {exc}")
+    first = errors[0]
+    cause = (first.get("ctx") or {}).get("error")
+    if isinstance(cause, GPUPromptError):
+        return cause
+    field = ".".join(str(part) for part in first.get("loc", ())) or "options"
+    value = first.get("input")
+    message = str(first.get("msg", "is invalid"))
+    more = f" ({len(errors) - 1} more option(s) of {owner} are invalid too.)" if len(errors) > 1 else ""
+    if first.get("type") == "extra_forbidden":
+        return ConfigurationError(
+            f"'{field}' is not an option of {owner} (got {field}={describe(value)}); see its docstring for the "
+            f"valid ones.{more}"
+        )
+    prefix = "Input should be "
+    if message.startswith(prefix):
+        return fail(field, message[len(prefix) :], value, fix=more.strip(), error=ConfigurationError)
+    return ConfigurationError(f"'{field}' is invalid for {owner}: {message} (got {describe(value)}).{more}")
 
 
 def _is_integer(value: Any) -> bool:

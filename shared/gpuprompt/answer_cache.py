@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
-from gpuprompt._validate import check_int, check_number, check_str, fail
+from gpuprompt._validate import check_clock, check_int, check_number, check_str, check_ttl, fail
 from gpuprompt.errors import ConfigurationError
 
 if TYPE_CHECKING:
@@ -23,11 +23,15 @@ if TYPE_CHECKING:
 
     from gpuprompt.embedder import Embedder
 
-__all__ = ["AnswerCache", "AnswerCacheStats"]
+__all__ = ["DEFAULT_MAX_ENTRIES", "DEFAULT_TTL_SECONDS", "AnswerCache", "AnswerCacheStats"]
 
 V = TypeVar("V")
 
 MAX_ENTRIES_LIMIT = 10_000_000
+DEFAULT_MAX_ENTRIES = 10_000
+"""Most answers an :class:`AnswerCache` keeps unless told otherwise (the adapters' default too)."""
+DEFAULT_TTL_SECONDS = 3600.0
+"""An answer's default lifetime, in seconds."""
 
 
 @dataclass(frozen=True)
@@ -126,21 +130,16 @@ class AnswerCache(Generic[V]):
         embedder: Embedder | None = None,
         *,
         score_threshold: float = 0.95,
-        max_entries: int = 10_000,
-        ttl_seconds: float | None = 3600.0,
+        max_entries: int = DEFAULT_MAX_ENTRIES,
+        ttl_seconds: float | None = DEFAULT_TTL_SECONDS,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.score_threshold = check_number(score_threshold, "score_threshold", min=-1.0, max=1.0, error=ConfigurationError)
         self.max_entries = check_int(max_entries, "max_entries", min=1, max=MAX_ENTRIES_LIMIT, error=ConfigurationError)
-        if ttl_seconds is not None:
-            ttl = check_number(ttl_seconds, "ttl_seconds", min=0, error=ConfigurationError)
-            if ttl == 0:
-                raise fail("ttl_seconds", "a finite number > 0 or None", ttl_seconds, error=ConfigurationError)
-            ttl_seconds = ttl
+        ttl_seconds = check_ttl(ttl_seconds)
         if embedder is not None and not callable(getattr(embedder, "embed_tensor", None)):
             raise fail("embedder", "a gpuprompt.Embedder or None", embedder, error=ConfigurationError)
-        if not callable(clock):
-            raise fail("clock", "a callable returning seconds", clock, error=ConfigurationError)
+        check_clock(clock)
         self.ttl_seconds = ttl_seconds
         self._embedder = embedder
         self._clock = clock
@@ -166,36 +165,44 @@ class AnswerCache(Generic[V]):
         return self._embedder
 
     # ------------------------------------------------------------------ sync
-    def lookup(self, prompt: str, namespace: str) -> V | None:
+    def lookup(self, prompt: str, namespace: str, *, text: str | None = None) -> V | None:
         """The answer cached for ``prompt`` (or a similar enough prompt) in ``namespace``.
 
+        Args:
+            prompt: the prompt, matched exactly first.
+            namespace: the model or settings the answer belongs to; namespaces never mix.
+            text: what the similarity is measured on, when not the prompt itself (an adapter
+                passes the messages' text of a serialised chat prompt).
+
         Raises:
-            InputTypeError: ``prompt`` or ``namespace`` is not a str.
+            InputTypeError: ``prompt``, ``namespace`` or ``text`` is not a str.
+            InvalidInputError: one holds a lone surrogate.
         """
-        key = self._check(prompt, namespace)
+        key, text = self._check(prompt, namespace, text)
         found = self._exact(key)
         if found is not None or not self._has_space(namespace):
             return found
-        return self._similar(namespace, self._embed(prompt))
+        return self._similar(namespace, self._embed(text))
 
-    def update(self, prompt: str, namespace: str, value: V) -> None:
-        """Cache ``value`` for ``prompt`` in ``namespace`` (replacing an older entry)."""
-        key = self._check(prompt, namespace)
-        self._store(key, namespace, value, self._embed(prompt))
+    def update(self, prompt: str, namespace: str, value: V, *, text: str | None = None) -> None:
+        """Cache ``value`` for ``prompt`` in ``namespace`` (replacing an older entry); ``text`` as
+        in :meth:`lookup`."""
+        key, text = self._check(prompt, namespace, text)
+        self._store(key, namespace, value, self._embed(text))
 
     # ------------------------------------------------------------------ async
-    async def alookup(self, prompt: str, namespace: str) -> V | None:
+    async def alookup(self, prompt: str, namespace: str, *, text: str | None = None) -> V | None:
         """Async :meth:`lookup`: the prompt is embedded by the batched embedder, off the loop."""
-        key = self._check(prompt, namespace)
+        key, text = self._check(prompt, namespace, text)
         found = self._exact(key)
         if found is not None or not self._has_space(namespace):
             return found
-        return self._similar(namespace, await self._aembed(prompt))
+        return self._similar(namespace, await self._aembed(text))
 
-    async def aupdate(self, prompt: str, namespace: str, value: V) -> None:
+    async def aupdate(self, prompt: str, namespace: str, value: V, *, text: str | None = None) -> None:
         """Async :meth:`update`."""
-        key = self._check(prompt, namespace)
-        self._store(key, namespace, value, await self._aembed(prompt))
+        key, text = self._check(prompt, namespace, text)
+        self._store(key, namespace, value, await self._aembed(text))
 
     # ------------------------------------------------------------------ housekeeping
     def clear(self, namespace: str | None = None) -> None:
@@ -225,14 +232,16 @@ class AnswerCache(Generic[V]):
 
     # ------------------------------------------------------------------ internals
     @staticmethod
-    def _check(prompt: Any, namespace: Any) -> str:
+    def _check(prompt: Any, namespace: Any, text: Any) -> tuple[str, str]:
+        """The entry's key and the text to embed, all three arguments checked."""
         check_str(prompt, "prompt")
         check_str(namespace, "namespace")
+        check_str(text, "text", allow_none=True)
         digest = hashlib.sha256()
         digest.update(namespace.encode("utf-8"))
         digest.update(b"\0")
         digest.update(prompt.encode("utf-8"))
-        return digest.hexdigest()
+        return digest.hexdigest(), prompt if text is None else text
 
     def _embed(self, prompt: str) -> torch.Tensor:
         return _unit(self.embedder.embed_tensor([prompt])[0])

@@ -21,18 +21,16 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from gpuprompt._validate import INT64_MAX, check_choice, check_int, check_number, check_str, fail
+from gpuprompt._validate import INT64_MAX, check_choice, check_clock, check_int, check_str, check_ttl, fail
 from gpuprompt.errors import ConfigurationError, DimensionMismatchError, InputTypeError
+from gpuprompt.llm._types import ROLES
 
 if TYPE_CHECKING:
     import torch
 
     from gpuprompt.embedder import Embedder
 
-__all__ = ["ContextCache", "ContextStats", "Turn"]
-
-ROLES = ("system", "user", "assistant", "tool")
-"""The roles a stored turn may carry."""
+__all__ = ["ContextCache", "ContextStats", "Turn", "check_session_id"]
 
 MAX_SESSIONS_LIMIT = 100_000_000
 """Largest accepted ``max_sessions``."""
@@ -42,12 +40,29 @@ MAX_SESSION_ID_LENGTH = 1024
 """Longest accepted session id (the server's ``"<collection>/<session>"`` keys stay below 330)."""
 
 
+def check_session_id(value: Any, name: str = "session_id") -> str:
+    """Return ``value`` if a :class:`ContextCache` accepts it as a session id: a non-empty,
+    well-formed str of at most :data:`MAX_SESSION_ID_LENGTH` characters.
+
+    For surfaces that take a session id before they reach the cache (a default session, a tag on a
+    message), so a value they accept never fails at the cache later.
+
+    Raises:
+        InputTypeError: not a str.
+        InvalidInputError: empty, too long, or holding a lone surrogate.
+    """
+    checked = check_str(value, name, allow_empty=False, max_length=MAX_SESSION_ID_LENGTH)
+    assert checked is not None
+    return checked
+
+
 @dataclass(frozen=True)
 class Turn:
     """One message of a conversation.
 
     Attributes:
-        role: ``"system"``, ``"user"``, ``"assistant"`` or ``"tool"``.
+        role: ``"system"``, ``"user"`` or ``"assistant"`` (``gpuprompt.llm._types.ROLES``: a stored turn
+            always fits a :class:`~gpuprompt.llm.GenerationRequest`; a tool result is a user turn).
         text: the message text.
         index: position in the session, counting from 0 (stable even after old turns are dropped).
         created_at: wall-clock time of the append (``time.time()``).
@@ -148,20 +163,10 @@ class ContextCache:
         max_turns_per_session = check_int(
             max_turns_per_session, "max_turns_per_session", min=1, max=MAX_TURNS_LIMIT, error=ConfigurationError
         )
-        if ttl_seconds is not None:
-            ttl = check_number(ttl_seconds, "ttl_seconds", min=0, error=ConfigurationError)
-            if ttl == 0:  # refused like a negative number: a zero TTL would drop every session at once
-                raise fail("ttl_seconds", "a finite number > 0 or None", ttl_seconds, error=ConfigurationError)
-            ttl_seconds = ttl
+        ttl_seconds = check_ttl(ttl_seconds)
         if token_counter is not None and not callable(token_counter):
             raise fail("token_counter", "a callable (str) -> int or None", token_counter, error=ConfigurationError)
-        if not callable(clock):
-            raise fail("clock", "a callable () -> float", clock, error=ConfigurationError)
-        try:  # probe once: a clock that returns no number would fail at the first append
-            now = clock()
-        except Exception as exc:
-            raise ConfigurationError(f"'clock' raised {exc!r} when called; pass a callable () -> float.") from exc
-        check_number(now, "clock()", error=ConfigurationError)
+        check_clock(clock)
         if token_counter is not None:
             try:  # the same probe for the counter: a bad count is a bad option, found now
                 probe = token_counter("probe")
@@ -194,9 +199,7 @@ class ContextCache:
     @staticmethod
     def _check_session(session_id: Any) -> str:
         """Refuse anything but a non-empty, well-formed str of at most ``MAX_SESSION_ID_LENGTH``."""
-        checked = check_str(session_id, "session_id", allow_empty=False, max_length=MAX_SESSION_ID_LENGTH)
-        assert checked is not None
-        return checked
+        return check_session_id(session_id)
 
     @staticmethod
     def _check_turn(role: Any, text: Any, role_name: str = "role", text_name: str = "text") -> tuple[str, str]:
@@ -247,7 +250,8 @@ class ContextCache:
 
         Args:
             session_id: the session, a non-empty str of at most 1024 characters.
-            role: one of ``"system"``, ``"user"``, ``"assistant"``, ``"tool"``.
+            role: one of ``"system"``, ``"user"``, ``"assistant"`` (a tool result is stored as a
+                ``"user"`` turn, as the chat models send it).
             text: the message, a well-formed str.
 
         Returns:

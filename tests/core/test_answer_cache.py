@@ -85,3 +85,27 @@ def test_bad_prompts_are_refused_and_nothing_changes(embedder, prompt: object) -
         cache.lookup(prompt, "m")  # type: ignore[arg-type]
     assert len(cache) == 1 and cache.lookup("kept", "m") == "v"
     assert issubclass(InputTypeError, InvalidInputError)
+
+
+async def test_similarity_text_differs_from_the_exact_key(embedder) -> None:
+    """``text=`` sets what similarity is measured on; the exact match stays on the prompt."""
+    cache: AnswerCache[str] = AnswerCache(embedder, score_threshold=0.85)
+    cache.update('[{"role": "system", "content": "Hi"}]', "m", "as system", text="Hi")
+    cache.update('[{"role": "user", "content": "Hi"}]', "m", "as user", text="Hi")
+    assert len(cache) == 2
+    assert cache.lookup('[{"role": "system", "content": "Hi"}]', "m", text="Hi") == "as system"
+    assert await cache.alookup('[{"role": "user", "content": "Hi"}]', "m", text="Hi") == "as user"
+    assert cache.lookup("anything else", "m", text="Hi") in ("as system", "as user")  # similar text
+    for bad in (5, "lone \ud800"):
+        with pytest.raises(InvalidInputError, match="'text'"):
+            cache.lookup("p", "m", text=bad)  # type: ignore[arg-type]
+        with pytest.raises(InvalidInputError, match="'text'"):
+            await cache.aupdate("p", "m", "v", text=bad)  # type: ignore[arg-type]
+    assert len(cache) == 2
+
+
+def test_clock_is_probed_at_construction(embedder) -> None:
+    with pytest.raises(ConfigurationError, match="'clock\\(\\)'"):
+        AnswerCache(embedder, clock=lambda: float("nan"))
+    with pytest.raises(ConfigurationError, match="'clock' raised"):
+        AnswerCache(embedder, clock=lambda: 1 / 0)

@@ -171,9 +171,10 @@ def test_messages_follow_the_template() -> None:
     error = assert_refused(lambda c: c.append("s", ["user"], "x"), InputTypeError, "role")
     assert str(error) == f"'role' must be a str (got {describe(['user'])})."
     error = assert_refused(lambda c: c.append("s", "robot", "x"), InvalidInputError, "role")
-    assert str(error) == (
-        "'role' must be one of 'system', 'user', 'assistant', 'tool' (got 'robot' that is a str)."
-    )
+    assert str(error) == "'role' must be one of 'system', 'user', 'assistant' (got 'robot' that is a str)."
+    # One roles definition: a turn the cache accepts always fits a GenerationRequest, so "tool" is
+    # refused here as the LLM refuses it (the adapters send a tool result as a user turn).
+    assert_refused(lambda c: c.append("s", "tool", "x"), InvalidInputError, "role")
     error = assert_refused(lambda c: c.window("s", max_turns=True), InvalidInputError, "max_turns")
     assert str(error) == "'max_turns' must be an int >= 0 (got True that is a bool)."
     error = assert_refused(lambda c: c.append("s", "user", SURROGATE), InvalidInputError, "text")
@@ -362,3 +363,14 @@ def test_many_appends_under_the_cap_keep_rows_and_turns_aligned() -> None:
         assert [float(r[0]) for r in rows] == [float(len(t.text)) for t in live]
         assert [t.index for t in live] == list(range(max(0, i - 4), i + 1))
         assert session.vectors.shape[0] <= 2 * 5 + 8
+
+
+def test_roles_are_the_llm_roles_and_every_stored_turn_fits_a_request() -> None:
+    from gpuprompt import context
+    from gpuprompt.llm import GenerationRequest
+    from gpuprompt.llm._types import ROLES
+
+    assert context.ROLES is ROLES == ("system", "user", "assistant")
+    cache = ContextCache(StubEmbedder(), clock=TickingClock())
+    cache.extend("s", [(role, f"a {role} turn") for role in ROLES])
+    GenerationRequest(messages=[turn.as_message() for turn in cache.turns("s")])  # accepted as stored

@@ -68,12 +68,31 @@ async def test_async_methods(lc_embeddings: GPUPromptEmbeddings) -> None:
     assert await history.aget_messages() == []
 
 
+def test_tool_turns_are_stored_as_the_chat_model_sends_them() -> None:
+    """A tool result is a user turn, with the text ChatGPUPrompt sends; an AI tool call keeps its
+    JSON. Read back, the history gives the model the very prompt the original messages gave."""
+    from langchain_gpuprompt._chat_models import _to_core_messages
+
+    history = GPUPromptChatMessageHistory(_session())
+    original = [
+        HumanMessage("Where is order 42?"),
+        AIMessage("", tool_calls=[{"name": "order_status", "args": {"order_id": 42}, "id": "c1", "type": "tool_call"}]),
+        ToolMessage("shipped yesterday", tool_call_id="c1", name="order_status"),
+        AIMessage("It shipped yesterday."),
+    ]
+    history.add_messages(original)
+    turns = history.context_cache.turns(history.session_id)
+    assert [t.role for t in turns] == ["user", "assistant", "user", "assistant"]
+    assert turns[2].text == "Result of tool order_status call c1: shipped yesterday"
+    assert isinstance(history.messages[2], HumanMessage)
+    assert _to_core_messages(history.messages) == _to_core_messages(original)
+    history.clear()
+
+
 def test_bad_input_is_typed_and_stores_nothing() -> None:
     history = GPUPromptChatMessageHistory(_session())
-    with pytest.raises(InvalidInputError, match="tool call ids"):
-        history.add_messages([HumanMessage("hi"), ToolMessage("42", tool_call_id="c1")])
-    with pytest.raises(InvalidInputError, match="tool_calls"):
-        history.add_messages([AIMessage("", tool_calls=[{"name": "f", "args": {}, "id": "c1", "type": "tool_call"}])])
+    with pytest.raises(InvalidInputError, match=r"'messages\[1\]'.*content block"):
+        history.add_messages([HumanMessage("hi"), HumanMessage([{"type": "image_url", "image_url": {"url": "x"}}])])
     with pytest.raises(InputTypeError, match=r"'messages\[1\]'"):
         history.add_messages([HumanMessage("hi"), "not a message"])  # type: ignore[list-item]
     assert history.messages == []

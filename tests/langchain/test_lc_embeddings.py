@@ -6,7 +6,6 @@ import asyncio
 
 import numpy as np
 import pytest
-from pydantic import ValidationError
 
 from gpuprompt.errors import ConfigurationError, InputTypeError
 from langchain_gpuprompt import GPUPromptEmbeddings
@@ -71,5 +70,7 @@ def test_bad_options_fail_at_construction() -> None:
         GPUPromptEmbeddings(batch_size=0)
     with pytest.raises(ConfigurationError, match="'dtype'"):
         GPUPromptEmbeddings(dtype="int8")
-    with pytest.raises(ValidationError):
+    with pytest.raises(ConfigurationError, match="'modle' is not an option of GPUPromptEmbeddings"):
         GPUPromptEmbeddings(modle="typo")  # type: ignore[call-arg]
+    with pytest.raises(ConfigurationError, match="'batch_size' must be a valid integer"):
+        GPUPromptEmbeddings(batch_size=None)  # type: ignore[arg-type]

@@ -17,11 +17,12 @@ import uuid
 from datetime import date
 from typing import Any
 
+import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from langchain_core.documents import Document
-from langchain_core.messages import AIMessage, HumanMessage, SystemMessage, ToolMessage
+from langchain_core.messages import AIMessage, ChatMessage, HumanMessage, SystemMessage
 from langchain_core.outputs import Generation
 from langgraph.store.base import GetOp, InvalidNamespaceError, ListNamespacesOp, MatchCondition, PutOp, SearchOp
 
@@ -451,12 +452,8 @@ BAD_MESSAGES = [
     ([HumanMessage("ok"), {"role": "user", "content": "x"}], InputTypeError, r"'messages\[1\]'"),
     ([("user", "x")], InputTypeError, r"'messages\[0\]'"),
     ([HumanMessage("ok"), HumanMessage("lone \ud800")], InvalidInputError, r"'messages\[1\]\.content'"),
-    ([ToolMessage("x", tool_call_id="1")], InvalidInputError, r"'messages\[0\]'"),
-    (
-        [AIMessage("", tool_calls=[{"name": "f", "args": {}, "id": "c", "type": "tool_call"}])],
-        InvalidInputError,
-        "tool_calls",
-    ),
+    ([HumanMessage(content=[{"type": "image_url", "image_url": {"url": "x"}}])], InvalidInputError, r"'messages\[0\]'"),
+    ([ChatMessage(role="robot", content="x")], InvalidInputError, r"'messages\[0\]'"),
 ]
 
 
@@ -728,12 +725,47 @@ def test_other_store_refusals_are_typed_and_change_nothing(kv, call, error, matc
         {"index": {"fields": "text"}},
         {"index": {"fields": [1]}},
         {"index": {"embed": 5}},
+        {"device": None},
+        {"device": "gpu"},
+        {"index": False, "device": None},
+        {"clock": object()},
+        {"clock": lambda: "x"},
+        {"clock": lambda: math.nan},
     ],
     ids=repr,
 )
 def test_store_configuration_is_typed(kwargs) -> None:
     with pytest.raises(ConfigurationError):
         GPUPromptStore(**kwargs)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"index_factory": False}, "'index_factory'"),
+        ({"device": None}, "'device'"),
+        ({"device": ""}, "'device'"),
+        ({"nonsense": 1}, "'nonsense'"),
+        ({"max_queue": 0}, "'max_queue'"),
+        ({"dim": 4}, "'dim'"),
+        ({"metric": np.array(["cosine", "ip"])}, "'metric'"),
+        ({"backend": np.array(["faiss"])}, "'backend'"),
+        ({"index": "not an index"}, "'index'"),
+    ],
+    ids=repr,
+)
+def test_vector_store_options_fail_at_construction(lc_embeddings, kwargs, match) -> None:
+    """Every option the core index would refuse at the first add is refused at construction."""
+    with pytest.raises(ConfigurationError, match=match):
+        GPUPromptVectorStore(lc_embeddings, **kwargs)
+
+
+@pytest.mark.parametrize("texts", [np.array(1.5), np.array("text")], ids=repr)
+def test_zero_dimensional_arrays_are_typed(store, texts) -> None:
+    before = _state(store)
+    with pytest.raises(InputTypeError, match="'texts'"):
+        store.add_texts(texts)
+    assert _state(store) == before
 
 
 # ----------------------------------------------------------------------------- semantic cache
@@ -765,7 +797,7 @@ async def test_cache_refuses_bad_prompts(cache, prompt, llm_string, error, match
         await cache.alookup(prompt, llm_string)
     with pytest.raises(error, match=match):
         cache.update(prompt, llm_string, [Generation(text="x")])
-    assert len(cache._store.index) == 1
+    assert len(cache.answer_cache) == 1
 
 
 @pytest.mark.parametrize("return_val", ["text", None, [None], ["text"], [Generation(text="ok"), 5]], ids=repr)
@@ -773,7 +805,7 @@ def test_cache_refuses_bad_return_values(cache, return_val) -> None:
     with pytest.raises(InputTypeError, match="'return_val"):
         cache.update("another prompt", LLM, return_val)
     assert cache.lookup("another prompt", LLM) is None
-    assert len(cache._store.index) == 1
+    assert len(cache.answer_cache) == 1
 
 
 @pytest.mark.parametrize(

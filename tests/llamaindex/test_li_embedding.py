@@ -6,7 +6,6 @@ import asyncio
 
 import numpy as np
 import pytest
-from pydantic import ValidationError
 
 from gpuprompt.errors import ConfigurationError, InputTypeError
 from llamaindex_gpuprompt import GPUPromptEmbedding
@@ -65,8 +64,16 @@ def test_bad_input_raises_typed_errors(li_embed) -> None:
         li_embed.get_text_embedding_batch(["ok", 3])
     with pytest.raises(ConfigurationError, match="'embedder' must be a gpuprompt.Embedder"):
         GPUPromptEmbedding(embedder="not an embedder")
-    with pytest.raises(ValidationError, match="no_such_option"):
+    with pytest.raises(ConfigurationError, match="'no_such_option' is not an option of GPUPromptEmbedding"):
         GPUPromptEmbedding(no_such_option=1)
+    with pytest.raises(ConfigurationError, match="'model_name' must be a valid string"):
+        GPUPromptEmbedding(None)  # type: ignore[arg-type]
+    with pytest.raises(ConfigurationError, match="'query_instruction' must be a str"):
+        GPUPromptEmbedding(embedder=li_embed.embedder, query_instruction=False)  # type: ignore[arg-type]
+    with pytest.raises(ConfigurationError, match="unknown option"):
+        GPUPromptEmbedding(embedder_options={"bogus": 1})
+    with pytest.raises(ConfigurationError, match="'batch_size'"):
+        GPUPromptEmbedding(embedder_options={"batch_size": 0})
 
 
 def test_embeds_nodes_as_a_transformation(li_embed) -> None:

@@ -32,7 +32,7 @@ from llama_index.core.vector_stores.types import (
 from pydantic import ValidationError
 
 from gpuprompt import ContextCache
-from gpuprompt.errors import FilterError, GPUPromptError, InputTypeError, InvalidInputError
+from gpuprompt.errors import ConfigurationError, FilterError, GPUPromptError, InputTypeError, InvalidInputError
 from llamaindex_gpuprompt import GPUPromptContextMemoryBlock, GPUPromptVectorStore
 
 DIM = 4
@@ -483,7 +483,27 @@ def test_unknown_ids_and_documents_are_ignored(store) -> None:
     ids=repr,
 )
 def test_constructor_fields_are_not_coerced(kwargs) -> None:
-    with pytest.raises(ValidationError):
+    field = next(iter(kwargs))
+    with pytest.raises(ConfigurationError, match=f"'{field}'") as raised:
+        GPUPromptVectorStore(**kwargs)
+    assert isinstance(raised.value.__cause__, ValidationError)  # pydantic's refusal, re-raised typed
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"index_options": {"max_queue": 0}}, "'max_queue'"),
+        ({"index_options": {"bogus": None}}, "'bogus'"),
+        ({"index_options": {"index_factory": False}}, "'index_factory'"),
+        ({"index_options": {1: 2}}, "'index_options'"),
+        ({"device": ""}, "'device'"),
+        ({"device": None}, "'device'"),
+    ],
+    ids=repr,
+)
+def test_index_options_fail_at_construction(kwargs, match) -> None:
+    """What the core index would refuse when it is built (the first add) is refused now."""
+    with pytest.raises(ConfigurationError, match=match):
         GPUPromptVectorStore(**kwargs)
 
 
@@ -596,7 +616,8 @@ async def test_memory_block_get_refusals(block, messages, kwargs, error) -> None
     ids=repr,
 )
 def test_memory_block_configuration_is_checked_at_construction(kwargs) -> None:
-    with pytest.raises(ValidationError):
+    field = next(iter(kwargs))
+    with pytest.raises(GPUPromptError, match=f"'{field}'"):
         GPUPromptContextMemoryBlock(**kwargs)
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import pytest
 from llama_index.core.base.llms.types import ChatMessage
 from llama_index.core.memory import Memory, VectorMemoryBlock
-from pydantic import ValidationError
 
 from gpuprompt import ContextCache
 from gpuprompt.errors import ConfigurationError
@@ -108,7 +107,11 @@ async def test_recent_turns_and_token_budget(li_embed) -> None:
 def test_bad_configuration_is_rejected() -> None:
     with pytest.raises(ConfigurationError, match="'context_cache' must be a gpuprompt.ContextCache"):
         GPUPromptContextMemoryBlock(context_cache={})
-    with pytest.raises(ValidationError):
+    with pytest.raises(ConfigurationError, match="'max_turns' must be greater than or equal to 1"):
         GPUPromptContextMemoryBlock(max_turns=0)
-    with pytest.raises(ValidationError):
+    with pytest.raises(ConfigurationError, match="'unknown_option' is not an option"):
         GPUPromptContextMemoryBlock(unknown_option=True)
+    with pytest.raises(ConfigurationError, match="'name'"):
+        GPUPromptContextMemoryBlock(name=None)
+    with pytest.raises(ConfigurationError, match="'turn_template'.*width"):
+        GPUPromptContextMemoryBlock(turn_template="{text:>99999999999}")

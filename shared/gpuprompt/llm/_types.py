@@ -33,7 +33,9 @@ MAX_TOKENS_LIMIT = 2**31 - 1
 """The largest ``max_tokens`` accepted (the context window caps it further)."""
 
 ROLES = ("system", "user", "assistant")
-"""The chat roles a message may carry."""
+"""The chat roles a message may carry: the one definition, also the roles a stored
+:class:`~gpuprompt.ContextCache` turn may carry (a turn the cache accepts always fits a request).
+Tool results travel as ``"user"`` turns in every adapter until the core models tool calls."""
 
 
 @dataclass(frozen=True)
