@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from gpuprompt.errors import ConfigurationError, DependencyError
+from gpuprompt.errors import ConfigurationError, DependencyError, describe
 
 __all__ = ["DEVICE_RE", "check_device", "default_dtype", "resolve_device"]
 
@@ -27,8 +27,8 @@ def _torch() -> Any:
 def check_device(device: object, name: str = "device") -> str:
     """Check the form of a device request without importing torch (``resolve_device`` checks
     that the device exists)."""
-    if not isinstance(device, str) or not DEVICE_RE.match(device):
-        raise ConfigurationError(f"'{name}' must be 'auto', 'cpu', 'mps', 'cuda' or 'cuda:N' (got {device!r}).")
+    if not isinstance(device, str) or not DEVICE_RE.fullmatch(device):
+        raise ConfigurationError(f"'{name}' must be 'auto', 'cpu', 'mps', 'cuda' or 'cuda:N' (got {describe(device)}).")
     return device
 
 

@@ -144,9 +144,9 @@ class Runtime:
     ) -> ContextCache:
         """The shared :class:`~gpuprompt.ContextCache` over ``embedder`` (default: :meth:`embedder`).
 
-        Every surface that keeps a session's turns (LangChain chat history, LlamaIndex memory,
-        :class:`~gpuprompt.RAGPipeline`) asks here, so one session id sees the same turns from all
-        of them in one process. The same embedder and options return the same instance.
+        The LangChain chat history and the LlamaIndex memory ask here by default, so one session
+        id sees the same turns from both in one process (pass it as ``RAGPipeline(memory=...)`` to
+        share it with a pipeline too). The same embedder and options return the same instance.
         """
         from gpuprompt.context import ContextCache
 

@@ -235,7 +235,7 @@ class GenerationRequest:
             check_text(item, f"stop[{index}]")
         object.__setattr__(self, "stop", tuple(stop))
         object.__setattr__(self, "priority", check_priority(self.priority))
-        if self.truncate not in ("error", "left"):
+        if not isinstance(self.truncate, str) or self.truncate not in ("error", "left"):
             raise InvalidInputError(f"'truncate' must be 'error' or 'left' (got {describe(self.truncate)}).")
         if self.request_id is not None and (not isinstance(self.request_id, str) or not self.request_id):
             raise InvalidInputError(f"'request_id' must be None or a non-empty str (got {describe(self.request_id)}).")
@@ -263,7 +263,7 @@ def _check_messages(messages: Any) -> tuple[dict[str, str], ...]:
                 f"'messages[{index}]' must be a dict with 'role' and 'content' (got {describe(message)})."
             )
         role, content = message.get("role"), message.get("content")
-        if role not in ROLES:
+        if not isinstance(role, str) or role not in ROLES:  # never `in` on an array-like value
             raise InvalidInputError(
                 f"'messages[{index}].role' must be one of {list(ROLES)} (got {describe(role)})."
             )
