@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     from gpuprompt.batching import BatcherStats, MicroBatcher
     from gpuprompt.context import ContextCache, ContextStats, Turn
     from gpuprompt.embedder import Embedder, EmbedderConfig, EmbedderStats, EmbeddingCache
-    from gpuprompt.index import Hit, Record, VectorIndex
+    from gpuprompt.index import Hit, IndexConfig, Record, VectorIndex
     from gpuprompt.llm import GenerationRequest, GenerationResult, LLMEngine, StreamDelta, Timings, Usage
     from gpuprompt.pipeline import RAGAnswer, RAGPipeline, StageTimings
     from gpuprompt.runtime import Runtime, get_runtime, resolve_device
@@ -29,6 +29,7 @@ _EXPORTS: dict[str, str] = {
     "EmbedderStats": "gpuprompt.embedder",
     "EmbeddingCache": "gpuprompt.embedder",
     "Hit": "gpuprompt.index",
+    "IndexConfig": "gpuprompt.index",
     "Record": "gpuprompt.index",
     "VectorIndex": "gpuprompt.index",
     "GenerationRequest": "gpuprompt.llm",

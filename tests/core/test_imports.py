@@ -18,6 +18,7 @@ EXPECTED_ALL = [
     "GenerationRequest",
     "GenerationResult",
     "Hit",
+    "IndexConfig",
     "LLMEngine",
     "MicroBatcher",
     "RAGAnswer",

@@ -21,7 +21,8 @@ from hypothesis import strategies as st
 
 from gpuprompt import Record, VectorIndex
 from gpuprompt.errors import ConfigurationError, InputTypeError, InvalidInputError
-from gpuprompt.index._index import OPTIONS, SQUARED_NORM_LIMIT
+from gpuprompt.index._checks import SQUARED_NORM_LIMIT
+from gpuprompt.index._config import OPTIONS
 
 DIM = 4
 F32_MAX = float(np.finfo(np.float32).max)
@@ -284,6 +285,20 @@ def test_unknown_constructor_options_fail_at_construction() -> None:
     VectorIndex.check_options(metric="ip", backend="faiss", index_factory="HNSW32", ef_search=5)
     with pytest.raises(ConfigurationError, match="'nprobes' must be a VectorIndex option"):
         VectorIndex.check_options(nprobes=3)
+
+
+def test_zero_dimensional_id_arrays_are_refused_typed(seeded: VectorIndex) -> None:
+    """A 0-d numpy array passed as ids used to raise a bare TypeError (iteration over a 0-d array)."""
+    before = _state(seeded)
+    for bad in (np.array(1.5), np.array("a")):
+        with pytest.raises(InputTypeError, match="'ids' must be a list of str"):
+            seeded.get(bad)
+        with pytest.raises(InputTypeError, match="'ids' must be a list of str"):
+            seeded.delete(bad)
+        with pytest.raises(InputTypeError, match="'ids' must be None or a list of str"):
+            seeded.add(bad, np.ones((1, DIM)))
+    assert _state(seeded) == before
+    assert seeded.get(np.array(["a"]))[0].id == "a"  # a 1-D array of str is a list of ids
 
 
 def test_switch_backend_and_search_params_validate_first(seeded: VectorIndex) -> None:

@@ -23,7 +23,7 @@ import pytest
 
 from gpuprompt import VectorIndex
 from gpuprompt.errors import InputTypeError, InvalidInputError
-from gpuprompt.index import _persist
+from gpuprompt.index import _generation, _persist
 
 # Shared by this module and the subprocess: version v of the index, fully determined by v.
 _VERSION_SOURCE = textwrap.dedent(
@@ -134,7 +134,7 @@ def prev_version(folder: Path) -> int | None:
     prev = folder / f".{NAME}{_persist._TAG}prev"
     if not prev.exists():
         return None
-    snapshot = _persist._read_generation(prev)
+    snapshot = _generation.read_generation(prev)
     v = snapshot.metadatas[0]["v"]
     assert snapshot.ids == version_data(v)[0]
     return v

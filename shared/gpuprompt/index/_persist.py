@@ -1,14 +1,6 @@
-"""Snapshots of a VectorIndex: checksummed folders, swapped into place by rename, one previous kept.
+"""The snapshot protocol of a VectorIndex: checksummed folders, swapped into place by rename, one previous kept.
 
-Layout of one generation (format version 1)::
-
-    manifest.json    format, version, dim, metric, count, labels counter, config, sha256 of each file
-    vectors.npy      (count, dim) float32 as added   -- np.load(..., allow_pickle=False)
-    labels.npy       (count,) int64 record labels     -- the faiss index's ids
-    records.jsonl    one {"id", "document", "metadata"} object per row, in row order
-    index.faiss      faiss's native index bytes (faiss backend only; GPU indexes copied to CPU)
-
-Nothing on the load path can execute code: no pickle, JSON and raw arrays only, faiss's own format.
+The files of one generation, and how they are verified, are :mod:`gpuprompt.index._generation`.
 
 The save protocol. For a target ``<dir>/<name>`` gpuprompt uses only these names beside it, all
 hidden and none of them a name a user would pick::
@@ -43,14 +35,11 @@ the lock shared when it exists, so they never read a generation while a save ren
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
 import os
 import re
 import shutil
 import stat
-import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
@@ -60,8 +49,15 @@ from typing import Any
 
 import numpy as np
 
-from gpuprompt._validate import INT64_MAX, check_metadata, check_text
 from gpuprompt.errors import InputTypeError, InvalidInputError, SnapshotError, describe
+from gpuprompt.index._generation import (
+    FORMAT,
+    FORMAT_VERSION,
+    Snapshot,
+    read_generation,
+    read_manifest,
+    write_generation,
+)
 
 try:  # POSIX: advisory locks serialise saves (and let loads wait for a rename to finish)
     import fcntl
@@ -72,15 +68,7 @@ __all__ = ["FORMAT", "FORMAT_VERSION", "STEPS", "Snapshot", "read_snapshot", "sn
 
 logger = logging.getLogger(__name__)
 
-FORMAT = "gpuprompt.vector-index"
-FORMAT_VERSION = 1
-_MANIFEST = "manifest.json"
-_MANIFEST_MAX_BYTES = 16 << 20
-_KNOWN_FILES = ("vectors.npy", "labels.npy", "records.jsonl", "index.faiss")
-_CHUNK = 1 << 22
 _TAG = ".gpuprompt-"
-_METRICS = ("cosine", "ip", "l2")
-_BACKENDS = ("torch", "faiss")
 
 STEPS: tuple[str, ...] = (
     "locked",
@@ -119,33 +107,6 @@ def _step(name: str) -> None:
     hook = _STEP_HOOK
     if hook is not None:
         hook(name)
-
-
-@dataclass
-class Snapshot:
-    """A validated snapshot read from disk.
-
-    Attributes:
-        manifest: the parsed manifest.
-        vectors: ``(count, dim)`` float32, all finite.
-        labels: ``(count,)`` int64, unique, in ``[0, next_label)``.
-        ids: one non-empty str per row.
-        documents: one str or None per row.
-        metadatas: one JSON dict per row (validated like :meth:`VectorIndex.add`'s).
-        faiss_index: faiss's serialised index, or None.
-        path: the folder the generation was read from (the target, or its previous generation).
-        generation: ``"main"`` or ``"previous"``.
-    """
-
-    manifest: dict[str, Any]
-    vectors: np.ndarray
-    labels: np.ndarray
-    ids: list[str]
-    documents: list[str | None]
-    metadatas: list[dict[str, Any]]
-    faiss_index: np.ndarray | None
-    path: Path
-    generation: str = "main"
 
 
 # ---------------------------------------------------------------------------------------- names
@@ -224,14 +185,6 @@ def _target(path: Any) -> Path:
 
 
 # ---------------------------------------------------------------------------------------- file system
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        while chunk := handle.read(_CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 def _fsync_dir(path: Path) -> None:
     try:
         fd = os.open(path, os.O_RDONLY)
@@ -245,58 +198,12 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def _write_file(path: Path, write: Any) -> None:
-    with open(path, "xb") as handle:
-        write(handle)
-        handle.flush()
-        os.fsync(handle.fileno())
-
-
-def _write_array(path: Path, array: np.ndarray) -> None:
-    _write_file(path, lambda handle: np.lib.format.write_array(handle, np.ascontiguousarray(array), allow_pickle=False))
-
-
-def _write_records(path: Path, records: Iterable[tuple[str, str | None, dict[str, Any]]]) -> None:
-    def write(handle: Any) -> None:
-        for key, document, metadata in records:
-            line = json.dumps(
-                {"id": key, "document": document, "metadata": metadata},
-                ensure_ascii=False,
-                allow_nan=False,
-                separators=(",", ":"),
-            )
-            handle.write(line.encode("utf-8"))
-            handle.write(b"\n")
-
-    _write_file(path, write)
-
-
-def _read_manifest(folder: Path) -> Any:
-    """The parsed manifest of ``folder`` (raises OSError / ValueError / RecursionError)."""
-    file = folder / _MANIFEST
-    info = os.lstat(file)
-    if not stat.S_ISREG(info.st_mode):
-        raise ValueError(f"{_MANIFEST} is not a regular file")
-    if info.st_size > _MANIFEST_MAX_BYTES:
-        raise ValueError(f"{_MANIFEST} has {info.st_size} bytes, more than a manifest ever holds")
-    with open(file, "rb") as handle:
-        return _loads(handle.read().decode("utf-8"))
-
-
-def _loads(text: str) -> Any:
-    return json.loads(text, parse_constant=_refuse_constant)
-
-
-def _refuse_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not a JSON number")
-
-
 def _is_ours(folder: Path) -> bool:
     """Whether ``folder`` is a real folder holding a gpuprompt manifest (so a save may replace it)."""
     try:
         if not stat.S_ISDIR(os.lstat(folder).st_mode):
             return False
-        manifest = _read_manifest(folder)
+        manifest = read_manifest(folder)
     except (OSError, ValueError, RecursionError):
         return False
     return isinstance(manifest, dict) and manifest.get("format") == FORMAT
@@ -422,7 +329,9 @@ def write_snapshot(
         tmp.mkdir()
         _step("tmp-created")
         try:
-            _write_generation(tmp, header, vectors, labels, records, faiss_index)
+            write_generation(tmp, header, vectors, labels, records, faiss_index, _step)
+            _fsync_dir(tmp)
+            _step("tmp-synced")
             old: Path | None = None
             if _is_ours(target):
                 if os.path.lexists(names.prev):
@@ -449,47 +358,7 @@ def write_snapshot(
     return target
 
 
-def _write_generation(
-    folder: Path,
-    header: dict[str, Any],
-    vectors: np.ndarray,
-    labels: np.ndarray,
-    records: Iterable[tuple[str, str | None, dict[str, Any]]],
-    faiss_index: np.ndarray | None,
-) -> None:
-    """Step 1: every file written and fsynced, the manifest last, the folder fsynced."""
-    _write_array(folder / "vectors.npy", vectors.astype(np.float32, copy=False))
-    _step("vectors-written")
-    _write_array(folder / "labels.npy", labels.astype(np.int64, copy=False))
-    _step("labels-written")
-    _write_records(folder / "records.jsonl", records)
-    _step("records-written")
-    if faiss_index is not None:
-        _write_file(folder / "index.faiss", lambda handle: handle.write(np.ascontiguousarray(faiss_index).tobytes()))
-        _step("faiss-written")
-    files = {}
-    for name in _KNOWN_FILES:
-        file = folder / name
-        if file.exists():
-            files[name] = {"sha256": _sha256(file), "bytes": file.stat().st_size}
-    manifest = {
-        "format": FORMAT,
-        "format_version": FORMAT_VERSION,
-        "created_at": time.time(),
-        **header,
-        "files": files,
-    }
-    _write_file(folder / _MANIFEST, lambda handle: handle.write(json.dumps(manifest, indent=2).encode("utf-8")))
-    _step("manifest-written")
-    _fsync_dir(folder)
-    _step("tmp-synced")
-
-
 # ---------------------------------------------------------------------------------------- load
-def _fail(path: Path, what: str) -> SnapshotError:
-    return SnapshotError(f"index snapshot {str(path)!r} is refused: {what}. Save it again from the source index.")
-
-
 def read_snapshot(path: str | os.PathLike[str]) -> Snapshot:
     """Read the newest generation at ``path`` that verifies: MAIN, else PREV.
 
@@ -510,7 +379,7 @@ def read_snapshot(path: str | os.PathLike[str]) -> Snapshot:
             if not os.path.lexists(folder):
                 continue
             try:
-                snapshot = _read_generation(folder)
+                snapshot = read_generation(folder)
             except SnapshotError as exc:
                 refusals.append((generation, exc))
                 continue
@@ -527,163 +396,3 @@ def read_snapshot(path: str | os.PathLike[str]) -> Snapshot:
     if len(refusals) > 1:
         message += f" Its previous generation was refused too: {refusals[1][1]}"
     raise SnapshotError(message) from refusals[0][1]
-
-
-def _read_generation(folder: Path) -> Snapshot:
-    """Read and verify one generation folder."""
-    try:
-        is_dir = stat.S_ISDIR(os.stat(folder).st_mode)
-    except OSError as exc:
-        raise _fail(folder, f"it cannot be read ({exc})") from exc
-    if not is_dir or not os.path.lexists(folder / _MANIFEST):
-        raise SnapshotError(
-            f"{str(folder)!r} is not an index snapshot: it has no {_MANIFEST}. Pass a folder written by "
-            "VectorIndex.save()."
-        )
-    try:
-        manifest = _read_manifest(folder)
-    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as exc:
-        raise _fail(folder, f"{_MANIFEST} is not valid JSON ({exc})") from exc
-    _check_manifest(folder, manifest)
-    files: dict[str, Any] = manifest["files"]
-    for name, info in files.items():
-        file = folder / name
-        try:
-            status = os.lstat(file)
-        except OSError:
-            raise _fail(folder, f"{name} is missing") from None
-        if not stat.S_ISREG(status.st_mode):
-            raise _fail(folder, f"{name} is not a regular file")
-        if status.st_size != info["bytes"]:
-            raise _fail(
-                folder, f"{name} has {status.st_size} bytes, the manifest says {info['bytes']} (truncated or replaced)"
-            )
-        digest = _sha256(file)
-        if digest != info["sha256"]:
-            raise _fail(
-                folder,
-                f"{name} has sha256 {digest[:16]}..., the manifest says {str(info['sha256'])[:16]}... "
-                "(corrupted or tampered with)",
-            )
-    dim, count = manifest["dim"], manifest["count"]
-    vectors = _load_array(folder, "vectors.npy", np.float32, (count, dim))
-    finite = np.isfinite(vectors).all(axis=1)
-    if not finite.all():
-        raise _fail(folder, f"vectors.npy row {int(np.flatnonzero(~finite)[0])} holds NaN or inf values")
-    labels = _load_array(folder, "labels.npy", np.int64, (count,))
-    if count and (labels.min() < 0 or labels.max() >= manifest["next_label"] or np.unique(labels).size != count):
-        raise _fail(folder, "labels.npy holds negative, repeated or out-of-range labels")
-    ids, documents, metadatas = _load_records(folder, count)
-    faiss_index = None
-    if "index.faiss" in files:
-        faiss_index = np.fromfile(folder / "index.faiss", dtype=np.uint8)
-    return Snapshot(manifest, vectors, labels, ids, documents, metadatas, faiss_index, folder)
-
-
-def _check_manifest(folder: Path, manifest: Any) -> None:
-    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
-        raise _fail(folder, f"{_MANIFEST} is not a {FORMAT} manifest")
-    if manifest.get("format_version") != FORMAT_VERSION:
-        raise _fail(
-            folder,
-            f"format version {manifest.get('format_version')!r} is not supported (this gpuprompt reads "
-            f"version {FORMAT_VERSION})",
-        )
-    for field, kind in (
-        ("dim", int),
-        ("count", int),
-        ("next_label", int),
-        ("metric", str),
-        ("backend", str),
-        ("files", dict),
-        ("config", dict),
-        ("tombstones", int),
-    ):
-        value = manifest.get(field)
-        if not isinstance(value, kind) or isinstance(value, bool):
-            raise _fail(folder, f"manifest field {field!r} must be a {kind.__name__} (got {describe(value)})")
-    for field, low in (("dim", 1), ("count", 0), ("next_label", 0), ("tombstones", 0)):
-        if not low <= manifest[field] <= INT64_MAX:
-            raise _fail(folder, f"manifest field {field!r} must be an int >= {low} (got {describe(manifest[field])})")
-    if manifest["next_label"] < manifest["count"]:
-        raise _fail(folder, f"manifest field 'next_label' must be >= count (got {manifest['next_label']})")
-    if manifest["metric"] not in _METRICS:
-        raise _fail(folder, f"manifest field 'metric' must be one of {_METRICS} (got {describe(manifest['metric'])})")
-    if manifest["backend"] not in _BACKENDS:
-        raise _fail(
-            folder, f"manifest field 'backend' must be one of {_BACKENDS} (got {describe(manifest['backend'])})"
-        )
-    factory = manifest.get("faiss_factory")
-    if factory is not None and (not isinstance(factory, str) or not factory.strip()):
-        raise _fail(folder, f"manifest field 'faiss_factory' must be None or a str (got {describe(factory)})")
-    files: dict[str, Any] = manifest["files"]
-    for name, info in files.items():
-        if not isinstance(name, str) or "/" in name or "\\" in name or name.startswith("."):
-            raise _fail(folder, f"the manifest lists a bad file name {name!r}")
-        if name not in _KNOWN_FILES:
-            raise _fail(folder, f"the manifest lists {name!r}, which is not one of {list(_KNOWN_FILES)}")
-        if (
-            not isinstance(info, dict)
-            or not isinstance(info.get("bytes"), int)
-            or isinstance(info.get("bytes"), bool)
-            or info["bytes"] < 0
-            or not isinstance(info.get("sha256"), str)
-        ):
-            raise _fail(folder, f"the manifest's entry for {name} must be {{'sha256': str, 'bytes': int}}")
-    required = {"vectors.npy", "labels.npy", "records.jsonl"}
-    if not required <= set(files):
-        raise _fail(folder, f"the manifest lists {sorted(files)}, it needs {sorted(required)}")
-
-
-def _load_array(folder: Path, name: str, dtype: Any, shape: tuple[int, ...]) -> np.ndarray:
-    try:
-        array = np.load(folder / name, allow_pickle=False)
-    except (ValueError, OSError, EOFError) as exc:
-        raise _fail(folder, f"{name} is not a plain numeric .npy array ({exc})") from exc
-    if not isinstance(array, np.ndarray) or array.dtype != dtype or array.shape != shape:
-        raise _fail(
-            folder,
-            f"{name} holds {getattr(array, 'dtype', '?')} {getattr(array, 'shape', '?')}, expected "
-            f"{np.dtype(dtype)} {shape}",
-        )
-    return array
-
-
-def _load_records(folder: Path, count: int) -> tuple[list[str], list[str | None], list[dict[str, Any]]]:
-    ids: list[str] = []
-    documents: list[str | None] = []
-    metadatas: list[dict[str, Any]] = []
-    number = 0
-    try:
-        with open(folder / "records.jsonl", encoding="utf-8") as handle:
-            for number, line in enumerate(handle, start=1):
-                record = _loads(line)
-                if not isinstance(record, dict):
-                    raise _fail(folder, f"records.jsonl line {number} is not a JSON object")
-                key, document, metadata = record.get("id"), record.get("document"), record.get("metadata")
-                if (
-                    not isinstance(key, str)
-                    or not key
-                    or not (document is None or isinstance(document, str))
-                    or not isinstance(metadata, dict)
-                ):
-                    raise _fail(
-                        folder,
-                        f"records.jsonl line {number} is not an {{id: non-empty str, document: str|null, "
-                        "metadata: object}}",
-                    )
-                check_text(key, f"records.jsonl line {number} id")
-                if document is not None:
-                    check_text(document, f"records.jsonl line {number} document")
-                ids.append(key)
-                documents.append(document)
-                metadatas.append(check_metadata(metadata, f"records.jsonl line {number} metadata", allow_none=False))
-    except InvalidInputError as exc:
-        raise _fail(folder, str(exc).rstrip(".")) from exc
-    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
-        raise _fail(folder, f"records.jsonl line {number} is not valid JSON ({type(exc).__name__}: {exc})") from exc
-    if len(ids) != count:
-        raise _fail(folder, f"records.jsonl holds {len(ids)} records, the manifest says {count}")
-    if len(set(ids)) != count:
-        raise _fail(folder, "records.jsonl repeats an id")
-    return ids, documents, metadatas

@@ -1,4 +1,4 @@
-"""The result types of :class:`~gpuprompt.VectorIndex`: a search ``Hit`` and a stored ``Record``."""
+"""The result types of :class:`~gpuprompt.VectorIndex`: a search ``Hit``, a stored ``Record``, ``IndexStats``."""
 
 from __future__ import annotations
 
@@ -7,7 +7,9 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["Hit", "Record"]
+from gpuprompt.batching import BatcherStats
+
+__all__ = ["Hit", "IndexStats", "Record"]
 
 
 @dataclass(frozen=True)
@@ -62,3 +64,20 @@ class Record:
 
     def __repr__(self) -> str:
         return f"Record(id={self.id!r}, dim={self.vector.shape[-1]}, document={self.document!r})"
+
+
+@dataclass(frozen=True)
+class IndexStats:
+    """Counters of a :class:`VectorIndex`.
+
+    Attributes:
+        count: live records.
+        tombstones: stale entries still inside an ANN index (removed at the next compaction).
+        backend: the backend in use, for example ``"torch:cpu:float32"`` or ``"faiss:HNSW32:cpu"``.
+        batcher: the search queue's counters (mean batch size shows how much searches coalesce).
+    """
+
+    count: int
+    tombstones: int
+    backend: str | None
+    batcher: BatcherStats
