@@ -125,7 +125,11 @@ def test_bad_configuration(options: dict, words: str) -> None:
 
 
 def test_bad_factory_string_is_a_configuration_error() -> None:
-    index = VectorIndex(8, backend="faiss", index_factory="NotAnIndex99")
+    # Refused where it is given (rule 10), not at the first add, and without importing faiss.
+    with pytest.raises(ConfigurationError, match="index_factory"):
+        VectorIndex(8, backend="faiss", index_factory="NotAnIndex99")
+    # What only faiss can judge (PQ16 needs a dimension divisible by 16) fails typed at the build.
+    index = VectorIndex(8, backend="faiss", index_factory="PQ16")
     with pytest.raises(ConfigurationError, match="index_factory"):
         index.add(["a"], np.ones((1, 8)))
     assert index.count == 0

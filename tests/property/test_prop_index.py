@@ -94,7 +94,7 @@ def _metadatas(n: int) -> st.SearchStrategy:
 def _check_consistent(index: VectorIndex) -> None:
     """Whatever the index holds searches with finite, ordered scores, and saves and loads intact."""
     state = H.index_state(index)
-    for q in (np.ones(DIM, dtype=np.float32), -np.arange(DIM, dtype=np.float32)):
+    for q in (np.ones(index.dim, dtype=np.float32), -np.arange(index.dim, dtype=np.float32)):
         hits = index.search(q, k=max(1, index.count))[0]
         assert len(hits) == index.count
         scores = [h.score for h in hits]

@@ -199,6 +199,13 @@ def _manifest(snapshot: Path) -> dict | None:
     return manifest if isinstance(manifest, dict) else None
 
 
+def _writable(path: Path) -> Path:
+    """``path``, with a folder an earlier tamper put there removed, so a file can be written."""
+    if path.is_dir():
+        shutil.rmtree(path)
+    return path
+
+
 def _apply(snapshot: Path, how: tuple, count: int) -> None:
     """Apply one tamper (``count``: the pristine record count)."""
     kind = how[0]
@@ -224,12 +231,12 @@ def _apply(snapshot: Path, how: tuple, count: int) -> None:
             _reseal(snapshot, name)
     elif kind == "vectors":
         _, which, reseal = how
-        (snapshot / "vectors.npy").write_bytes(_vector_replacements(count)[which][1])
+        _writable(snapshot / "vectors.npy").write_bytes(_vector_replacements(count)[which][1])
         if reseal:
             _reseal(snapshot, "vectors.npy")
     elif kind == "labels":
         _, which, reseal = how
-        (snapshot / "labels.npy").write_bytes(_label_replacements(count)[which][1])
+        _writable(snapshot / "labels.npy").write_bytes(_label_replacements(count)[which][1])
         if reseal:
             _reseal(snapshot, "labels.npy")
     elif kind == "records":
@@ -261,7 +268,7 @@ def _apply(snapshot: Path, how: tuple, count: int) -> None:
             manifest["config"][field] = value
             (snapshot / "manifest.json").write_text(json.dumps(manifest))
     elif kind == "manifest-raw":
-        (snapshot / "manifest.json").write_text(how[1])
+        _writable(snapshot / "manifest.json").write_text(how[1])
     elif kind == "remove":
         file = snapshot / how[1]
         if file.is_dir():

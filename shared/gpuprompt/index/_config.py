@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -113,6 +114,7 @@ class IndexConfig:
         check_choice(self.backend, "backend", BACKENDS, error=ConfigurationError)
         check_device(self.device)
         self._set("index_factory", _check_factory(self.index_factory))
+        _check_factory_parses(self.index_factory)
         if self.index_factory is not None and self.backend == "torch":
             raise ConfigurationError("'index_factory' is a faiss option; use backend='faiss' or 'auto' with it.")
         for name in ("ef_search", "ef_construction", "nprobe"):
@@ -182,6 +184,31 @@ def check_option_names(options: Mapping[str, Any], valid: Sequence[str]) -> None
             raise ConfigurationError(
                 f"'{name}' must be a VectorIndex option: one of {', '.join(valid)} "
                 f"(got {name}={describe(value)}).{hint}"
+            )
+
+
+_FACTORY_TOKEN = re.compile(
+    r"(IDMap2?|L2norm|Flat|BFlat|HNSW|NSG|NNDescent|IVF|IMI|RCQ|PQ|SQ|OPQ|PCA|RR|ITQ|LSH|RFlat|Refine|RQ|LSQ|PRQ|PLSQ"
+    r"|ZnLattice|Residual|Pad|CAGRA)"
+)
+
+
+def _check_factory_parses(index_factory: str | None) -> None:
+    """Refuse a factory string that cannot be a faiss factory, at construction, without importing faiss.
+
+    Each comma-separated part must start with one of faiss's factory words (``Flat``, ``HNSW32``,
+    ``IVF1024``, ``PQ16``, ``OPQ16_64``, ``PCA64``, ``SQ8``, ``Refine(...)``, ...): a typo or a value
+    from the wrong field fails where it was given (rule 10) while construction still loads nothing
+    (rule 5). What only faiss can judge (``PQ16`` needs a dimension divisible by 16) is checked when
+    the index is built.
+    """
+    if index_factory is None:
+        return
+    for part in index_factory.split(","):
+        if not _FACTORY_TOKEN.match(part.strip()):
+            raise ConfigurationError(
+                f"'index_factory' must be a faiss factory string such as 'HNSW32' or 'IVF1024,Flat' (got "
+                f"{index_factory!r}: {part.strip()!r} is no faiss factory component)."
             )
 
 

@@ -282,8 +282,10 @@ def _check_manifest(folder: Path, manifest: Any) -> None:
 
 def _load_array(folder: Path, name: str, dtype: Any, shape: tuple[int, ...]) -> np.ndarray:
     try:
-        array = np.load(folder / name, allow_pickle=False)
-    except (ValueError, OSError, EOFError) as exc:
+        # read_array reads the .npy format only: no .npz (zip) path, no pickle.
+        with open(folder / name, "rb") as handle:
+            array = np.lib.format.read_array(handle, allow_pickle=False)
+    except Exception as exc:  # noqa: BLE001 - any malformed file is a damaged snapshot
         raise _fail(folder, f"{name} is not a plain numeric .npy array ({exc})") from exc
     if not isinstance(array, np.ndarray) or array.dtype != dtype or array.shape != shape:
         raise _fail(
