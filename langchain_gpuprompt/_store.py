@@ -39,6 +39,7 @@ from langgraph.store.base import (
     tokenize_path,
 )
 
+from gpuprompt._bridge import off_loop
 from gpuprompt._device import check_device
 from gpuprompt._validate import (
     INT64_MAX,
@@ -359,7 +360,7 @@ class GPUPromptStore(BaseStore):
                 reads.results[position] = result
         if reads.puts:
             vectors = await self._aembed_puts(reads.puts)
-            await asyncio.to_thread(self._apply, reads.puts, vectors)
+            await off_loop(self._apply, reads.puts, vectors)
         return reads.results
 
     def sweep_ttl(self) -> int:
@@ -437,39 +438,28 @@ class GPUPromptStore(BaseStore):
         if not op.query or self._vectors is None:
             return self._listing(op, core_filter)
         need = op.offset + op.limit
-        ranked: list[tuple[float, _Entry]] = []
+        hits: list[Hit] = []
         if need > 0:
-            vectors = self._vectors._embed_query(op.query)
-            index = self._vectors._ensure_index(int(vectors.shape[1]))
-            k = min(need, len(index))
-            while k > 0:
-                hits = index.search(vectors, k, filter=core_filter)[0]
-                ranked = self._rank(hits)
-                if len(ranked) >= need or len(hits) < k or k >= len(index):
-                    break
-                k = min(2 * k, len(index))
-        return self._page(op, core_filter, ranked)
+            vectors = self._vectors.embed_query_matrix(op.query)
+            index = self._vectors.ensure_index(int(vectors.shape[1]))
+            hits = index.search_groups(vectors, need, group_by=_ITEM, filter=core_filter)
+        return self._page(op, core_filter, self._rank(hits))
 
     async def _asearch(self, op: SearchOp) -> list[SearchItem]:
         core_filter = _core_filter(op)
         if not op.query or self._vectors is None:
             return self._listing(op, core_filter)
         need = op.offset + op.limit
-        ranked: list[tuple[float, _Entry]] = []
+        hits: list[Hit] = []
         if need > 0:
-            vectors = await self._vectors._aembed_query(op.query)
-            index = self._vectors._ensure_index(int(vectors.shape[1]))
-            k = min(need, len(index))
-            while k > 0:
-                hits = (await index.asearch(vectors, k, filter=core_filter))[0]
-                ranked = self._rank(hits)
-                if len(ranked) >= need or len(hits) < k or k >= len(index):
-                    break
-                k = min(2 * k, len(index))
-        return self._page(op, core_filter, ranked)
+            vectors = await self._vectors.aembed_query_matrix(op.query)
+            index = self._vectors.ensure_index(int(vectors.shape[1]))
+            hits = await index.asearch_groups(vectors, need, group_by=_ITEM, filter=core_filter)
+        return self._page(op, core_filter, self._rank(hits))
 
     def _rank(self, hits: list[Hit]) -> list[tuple[float, _Entry]]:
-        # An item indexed on several fields has several vectors: it ranks by its best one.
+        # The index grouped the hits by item (an item indexed on several fields has several
+        # vectors and ranks by its best one); drop items replaced or deleted since the search.
         seen: set[_Path] = set()
         ranked: list[tuple[float, _Entry]] = []
         with self._lock:
@@ -536,12 +526,12 @@ class GPUPromptStore(BaseStore):
 
     def _embed_puts(self, puts: dict[_Path, PutOp]) -> tuple[list[str], list[str], list[dict[str, Any]], Any]:
         texts, ids, metadatas = self._texts(puts)
-        vectors = self._vectors._embed_documents(texts) if texts and self._vectors is not None else None
+        vectors = self._vectors.embed_documents_matrix(texts) if texts and self._vectors is not None else None
         return texts, ids, metadatas, vectors
 
     async def _aembed_puts(self, puts: dict[_Path, PutOp]) -> tuple[list[str], list[str], list[dict[str, Any]], Any]:
         texts, ids, metadatas = self._texts(puts)
-        vectors = await self._vectors._aembed_documents(texts) if texts and self._vectors is not None else None
+        vectors = await self._vectors.aembed_documents_matrix(texts) if texts and self._vectors is not None else None
         return texts, ids, metadatas, vectors
 
     def _apply(
@@ -552,7 +542,7 @@ class GPUPromptStore(BaseStore):
         with self._lock:
             if vectors is not None and self._vectors is not None:
                 # Added first: a rejected add (bad metadata, wrong dimension) leaves everything as it was.
-                index = self._vectors._ensure_index(int(vectors.shape[1]))
+                index = self._vectors.ensure_index(int(vectors.shape[1]))
                 index.add(ids, vectors, documents=texts, metadatas=metadatas)
             new_ids: dict[_Path, list[str]] = {}
             for record_id in ids:
@@ -718,6 +708,10 @@ def _index_paths(paths: Any, name: str, *, error: type[Exception] = InputTypeErr
             raise error(str(exc)) from None
         out.append((path, path if path == "$" else tokenize_path(path)))
     return out
+
+
+_ITEM = ("ns", "key")
+"""The metadata fields that identify one stored item (its namespace and key)."""
 
 
 def _metadata(namespace: tuple[str, ...], key: str, value: Mapping[str, Any]) -> dict[str, Any]:

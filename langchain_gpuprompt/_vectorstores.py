@@ -6,7 +6,6 @@ batching of concurrent queries and persistence all live in the core index.
 
 from __future__ import annotations
 
-import asyncio
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
@@ -152,7 +151,8 @@ class GPUPromptVectorStore(VectorStore):
         """The core index (None until the first vectors fix its dimension)."""
         return self._index
 
-    def _ensure_index(self, dim: int) -> VectorIndex:
+    def ensure_index(self, dim: int) -> VectorIndex:
+        """The core index, created with this store's options for ``dim`` if it does not exist yet."""
         if self._index is None:
             with self._lock:
                 if self._index is None:
@@ -165,26 +165,30 @@ class GPUPromptVectorStore(VectorStore):
     def _device_embeddings(self) -> GPUPromptEmbeddings | None:
         return self.embedding if isinstance(self.embedding, GPUPromptEmbeddings) else None
 
-    def _embed_documents(self, texts: list[str]) -> Any:
+    def embed_documents_matrix(self, texts: list[str]) -> Any:
+        """``texts`` embedded as an ``(n, dim)`` matrix (a device tensor with gpuprompt embeddings)."""
         device = self._device_embeddings
         if device is not None:
             return device.embed_tensor(texts)
         return check_real_matrix(self.embedding.embed_documents(texts), "embeddings")
 
-    async def _aembed_documents(self, texts: list[str]) -> Any:
+    async def aembed_documents_matrix(self, texts: list[str]) -> Any:
+        """Async :meth:`embed_documents_matrix` (batched with other tasks)."""
         device = self._device_embeddings
         if device is not None:
             return await device.aembed_tensor(texts)
         return check_real_matrix(await self.embedding.aembed_documents(texts), "embeddings")
 
-    def _embed_query(self, query: str) -> Any:
+    def embed_query_matrix(self, query: str) -> Any:
+        """``query`` embedded as a ``(1, dim)`` matrix (a device tensor with gpuprompt embeddings)."""
         _check_query(query)
         device = self._device_embeddings
         if device is not None:
             return device.embed_tensor([query])
         return check_real_matrix([self.embedding.embed_query(query)], "embedding")
 
-    async def _aembed_query(self, query: str) -> Any:
+    async def aembed_query_matrix(self, query: str) -> Any:
+        """Async :meth:`embed_query_matrix`."""
         _check_query(query)
         device = self._device_embeddings
         if device is not None:
@@ -223,8 +227,8 @@ class GPUPromptVectorStore(VectorStore):
         texts, metadatas, ids = _prepare(texts, metadatas, ids)
         if not texts:
             return []
-        vectors = self._embed_documents(texts)
-        index = self._ensure_index(int(vectors.shape[1]))
+        vectors = self.embed_documents_matrix(texts)
+        index = self.ensure_index(int(vectors.shape[1]))
         return index.add(ids, vectors, documents=texts, metadatas=metadatas)
 
     async def aadd_texts(
@@ -235,15 +239,15 @@ class GPUPromptVectorStore(VectorStore):
         ids: list[str | None] | None = None,
         **kwargs: Any,
     ) -> list[str]:
-        """Async :meth:`add_texts`: embedding is batched with other tasks; the index write runs
-        in a worker thread, never on the event loop."""
+        """Async :meth:`add_texts`: embedding is batched with other tasks; the index write is the
+        core's ``aadd``, never on the event loop."""
         _no_kwargs("aadd_texts", kwargs)
         texts, metadatas, ids = _prepare(texts, metadatas, ids)
         if not texts:
             return []
-        vectors = await self._aembed_documents(texts)
-        index = self._ensure_index(int(vectors.shape[1]))
-        return await asyncio.to_thread(index.add, ids, vectors, documents=texts, metadatas=metadatas)
+        vectors = await self.aembed_documents_matrix(texts)
+        index = self.ensure_index(int(vectors.shape[1]))
+        return await index.aadd(ids, vectors, documents=texts, metadatas=metadatas)
 
     def add_documents(self, documents: list[Document], **kwargs: Any) -> list[str]:
         """Upsert ``documents``; ids come from ``ids=...``, else from each ``Document.id``."""
@@ -273,8 +277,17 @@ class GPUPromptVectorStore(VectorStore):
         return True
 
     async def adelete(self, ids: list[str] | None = None, **kwargs: Any) -> bool:
-        """Async :meth:`delete` (runs in a worker thread)."""
-        return await asyncio.to_thread(self.delete, ids, **kwargs)
+        """Async :meth:`delete` (the core's ``aclear`` / ``adelete``, off the event loop)."""
+        _no_kwargs("adelete", kwargs)
+        if ids is not None:
+            ids = _check_ids(ids)
+        if self._index is None:
+            return True
+        if ids is None:
+            await self._index.aclear()
+        elif ids:
+            await self._index.adelete(ids)
+        return True
 
     # ------------------------------------------------------------------ reads
     def get_by_ids(self, ids: Sequence[str], /) -> list[Document]:
@@ -285,8 +298,11 @@ class GPUPromptVectorStore(VectorStore):
         return [_record_document(record) for record in self._index.get(ids)]
 
     async def aget_by_ids(self, ids: Sequence[str], /) -> list[Document]:
-        """Async :meth:`get_by_ids` (runs in a worker thread)."""
-        return await asyncio.to_thread(self.get_by_ids, ids)
+        """Async :meth:`get_by_ids` (the core's ``aget``, off the event loop)."""
+        ids = _check_ids(ids)
+        if self._index is None or not ids:
+            return []
+        return [_record_document(record) for record in await self._index.aget(ids)]
 
     # ------------------------------------------------------------------ similarity search
     def similarity_search(
@@ -315,7 +331,7 @@ class GPUPromptVectorStore(VectorStore):
         """Like :meth:`similarity_search`, with each document's score (higher is more similar:
         cosine similarity, inner product, or ``1 / (1 + squared L2)`` by metric)."""
         _search_kwargs(kwargs)
-        vectors = self._embed_query(query)
+        vectors = self.embed_query_matrix(query)
         return _scored(self._search(vectors, k, filter))
 
     async def asimilarity_search_with_score(
@@ -323,8 +339,8 @@ class GPUPromptVectorStore(VectorStore):
     ) -> list[tuple[Document, float]]:
         """Async :meth:`similarity_search_with_score`."""
         _search_kwargs(kwargs)
-        vectors = await self._aembed_query(query)
-        index = self._ensure_index(int(vectors.shape[1]))
+        vectors = await self.aembed_query_matrix(query)
+        index = self.ensure_index(int(vectors.shape[1]))
         return _scored((await index.asearch(vectors, k, filter=filter))[0])
 
     def similarity_search_by_vector(
@@ -339,7 +355,7 @@ class GPUPromptVectorStore(VectorStore):
         """Async :meth:`similarity_search_by_vector`."""
         _search_kwargs(kwargs)
         vectors = _vector(embedding)
-        index = self._ensure_index(int(vectors.shape[1]))
+        index = self.ensure_index(int(vectors.shape[1]))
         return [doc for doc, _ in _scored((await index.asearch(vectors, k, filter=filter))[0])]
 
     def similarity_search_with_score_by_vector(
@@ -350,7 +366,7 @@ class GPUPromptVectorStore(VectorStore):
         return _scored(self._search(_vector(embedding), k, filter))
 
     def _search(self, vectors: Any, k: int, filter: dict[str, Any] | None) -> list[Hit]:
-        index = self._ensure_index(int(vectors.shape[1]))
+        index = self.ensure_index(int(vectors.shape[1]))
         return index.search(vectors, k, filter=filter)[0]
 
     def _select_relevance_score_fn(self) -> Callable[[float], float]:
@@ -405,7 +421,7 @@ class GPUPromptVectorStore(VectorStore):
             filter: a metadata filter in the core's dict language.
         """
         _no_kwargs("max_marginal_relevance_search", kwargs)
-        vectors = self._embed_query(query)
+        vectors = self.embed_query_matrix(query)
         return self._mmr(vectors, k, fetch_k, lambda_mult, filter)
 
     async def amax_marginal_relevance_search(
@@ -419,7 +435,7 @@ class GPUPromptVectorStore(VectorStore):
     ) -> list[Document]:
         """Async :meth:`max_marginal_relevance_search`."""
         _no_kwargs("amax_marginal_relevance_search", kwargs)
-        vectors = await self._aembed_query(query)
+        vectors = await self.aembed_query_matrix(query)
         return await self._ammr(vectors, k, fetch_k, lambda_mult, filter)
 
     def max_marginal_relevance_search_by_vector(
@@ -451,14 +467,14 @@ class GPUPromptVectorStore(VectorStore):
     def _mmr(
         self, vectors: Any, k: int, fetch_k: int, lambda_mult: float, filter: dict[str, Any] | None
     ) -> list[Document]:
-        index = self._ensure_index(int(vectors.shape[1]))
+        index = self.ensure_index(int(vectors.shape[1]))
         hits = index.mmr(vectors[0], k=k, fetch_k=fetch_k, lambda_mult=lambda_mult, filter=filter)
         return [_hit_document(hit) for hit in hits]
 
     async def _ammr(
         self, vectors: Any, k: int, fetch_k: int, lambda_mult: float, filter: dict[str, Any] | None
     ) -> list[Document]:
-        index = self._ensure_index(int(vectors.shape[1]))
+        index = self.ensure_index(int(vectors.shape[1]))
         hits = await index.ammr(vectors[0], k=k, fetch_k=fetch_k, lambda_mult=lambda_mult, filter=filter)
         return [_hit_document(hit) for hit in hits]
 
@@ -508,7 +524,7 @@ class GPUPromptVectorStore(VectorStore):
             InputTypeError: ``folder_path`` or ``index_name`` has the wrong type.
         """
         folder, name = _snapshot_path(folder_path, index_name)
-        index = self._index if self._index is not None else self._ensure_index(self._embedding_dim())
+        index = self._index if self._index is not None else self.ensure_index(self._embedding_dim())
         folder.mkdir(parents=True, exist_ok=True)
         index.save(folder / name)
 

@@ -6,7 +6,6 @@ coalesced across concurrent ``aquery`` calls, and scored higher-is-better.
 
 from __future__ import annotations
 
-import asyncio
 import os
 import threading
 from collections.abc import Sequence
@@ -25,6 +24,7 @@ from llama_index.core.vector_stores.types import (
 )
 from llama_index.core.vector_stores.utils import metadata_dict_to_node, node_to_metadata_dict
 
+from gpuprompt._bridge import off_loop
 from gpuprompt._validate import (
     check_choice,
     check_int,
@@ -294,8 +294,9 @@ class GPUPromptVectorStore(BasePydanticVectorStore):
         return ids
 
     async def async_add(self, nodes: Sequence[BaseNode], **kwargs: Any) -> list[str]:
-        """Async :meth:`add`: serialisation and the core insert run off the event loop."""
-        return await asyncio.to_thread(self.add, nodes, **kwargs)
+        """Async :meth:`add`: serialisation and the core insert run off the event loop (a cancelled
+        call leaves every node stored or none)."""
+        return await off_loop(self.add, nodes, **kwargs)
 
     def _matching_ids(self, core_filter: dict[str, Any] | None, node_ids: list[str] | None = None) -> list[str]:
         index = self._index
@@ -324,8 +325,8 @@ class GPUPromptVectorStore(BasePydanticVectorStore):
                 self._index.delete(owned)
 
     async def adelete(self, ref_doc_id: str, **delete_kwargs: Any) -> None:
-        """Async :meth:`delete`."""
-        await asyncio.to_thread(self.delete, ref_doc_id, **delete_kwargs)
+        """Async :meth:`delete`, off the event loop."""
+        await off_loop(self.delete, ref_doc_id, **delete_kwargs)
 
     def delete_nodes(
         self, node_ids: list[str] | None = None, filters: MetadataFilters | None = None, **delete_kwargs: Any
@@ -348,8 +349,8 @@ class GPUPromptVectorStore(BasePydanticVectorStore):
     async def adelete_nodes(
         self, node_ids: list[str] | None = None, filters: MetadataFilters | None = None, **delete_kwargs: Any
     ) -> None:
-        """Async :meth:`delete_nodes`."""
-        await asyncio.to_thread(self.delete_nodes, node_ids, filters, **delete_kwargs)
+        """Async :meth:`delete_nodes`, off the event loop."""
+        await off_loop(self.delete_nodes, node_ids, filters, **delete_kwargs)
 
     def clear(self) -> None:
         """Delete every node (the index keeps its dimension and metric)."""
@@ -357,8 +358,9 @@ class GPUPromptVectorStore(BasePydanticVectorStore):
             self._index.clear()
 
     async def aclear(self) -> None:
-        """Async :meth:`clear`."""
-        await asyncio.to_thread(self.clear)
+        """Async :meth:`clear` (the core's ``aclear``)."""
+        if self._index is not None:
+            await self._index.aclear()
 
     # ------------------------------------------------------------------ reads
     def get_nodes(self, node_ids: list[str] | None = None, filters: MetadataFilters | None = None) -> list[BaseNode]:
@@ -381,8 +383,8 @@ class GPUPromptVectorStore(BasePydanticVectorStore):
     async def aget_nodes(
         self, node_ids: list[str] | None = None, filters: MetadataFilters | None = None
     ) -> list[BaseNode]:
-        """Async :meth:`get_nodes`."""
-        return await asyncio.to_thread(self.get_nodes, node_ids, filters)
+        """Async :meth:`get_nodes`, off the event loop."""
+        return await off_loop(self.get_nodes, node_ids, filters)
 
     def _plan(
         self, query: VectorStoreQuery, kwargs: dict[str, Any]

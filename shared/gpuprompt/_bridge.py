@@ -1,10 +1,15 @@
-"""The one sync-to-async bridge of gpuprompt: a long-lived background event loop.
+"""The one sync/async bridge of gpuprompt, both ways.
+
+Sync to async (:func:`run_sync`): a long-lived background event loop.
 
 Sync entry points that need the async core (``RAGPipeline.answer``, ``ChatGPUPrompt.batch``, an
 engine call with a timeout, ...) hand their coroutine to this loop and block on the result. No
 per-call threads or event loops: one daemon thread runs the loop for the life of the process.
 The caller's context variables (tracing parents, configs) travel with the coroutine, and a caller
 that stops waiting (timeout, KeyboardInterrupt) cancels it.
+
+Async to blocking (:func:`off_loop`): blocking core work (index writes, saves, loads) awaited from
+a coroutine runs in the loop's thread pool, and a cancelled caller never leaves it half done.
 """
 
 from __future__ import annotations
@@ -13,11 +18,11 @@ import asyncio
 import contextvars
 import logging
 import threading
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from concurrent.futures import Future
 from typing import Any, TypeVar
 
-__all__ = ["bridge_loop", "run_sync"]
+__all__ = ["bridge_loop", "off_loop", "run_sync"]
 
 T = TypeVar("T")
 
@@ -115,3 +120,63 @@ def _cancel(tasks: list[asyncio.Task[Any] | None]) -> None:
     task = tasks[0]
     if task is not None and not task.done():
         task.cancel()
+
+
+class _Gate:
+    """Decides, once, whether a queued call runs or was cancelled before it started."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.started = False
+        self.cancelled = False
+
+    def start(self) -> bool:
+        with self._lock:
+            self.started = not self.cancelled
+            return self.started
+
+    def cancel(self) -> bool:
+        """Mark the call cancelled; True if it had not started (then it never will)."""
+        with self._lock:
+            self.cancelled = True
+            return not self.started
+
+
+async def off_loop(fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
+    """Run ``fn(*args, **kwargs)`` in the event loop's default thread pool and return its result.
+
+    The loop keeps running while ``fn`` does (it may wait on the index's locks and do CPU work);
+    context variables travel with the call, as with :func:`asyncio.to_thread`.
+
+    Cancellation never leaves ``fn`` half-done behind the caller's back: a call that has not
+    started yet is dropped and never runs; one that is running cannot be interrupted, so the
+    cancellation waits (without blocking the loop) until it has finished. When ``CancelledError``
+    reaches the caller, the call's effects are therefore complete, or absent.
+    """
+    loop = asyncio.get_running_loop()
+    context = contextvars.copy_context()
+    gate = _Gate()
+
+    def call() -> Any:
+        if not gate.start():
+            return None  # cancelled while queued: never run
+        return context.run(fn, *args, **kwargs)
+
+    future = loop.run_in_executor(None, call)
+    try:
+        return await asyncio.shield(future)
+    except asyncio.CancelledError:
+        if not gate.cancel():
+            while not future.done():
+                try:
+                    await asyncio.wait({future})
+                except asyncio.CancelledError:
+                    continue  # cancelled again: still wait, the call is running
+        future.add_done_callback(_consume)
+        raise
+
+
+def _consume(future: asyncio.Future[Any]) -> None:
+    """Mark the result of an abandoned call as seen (its caller was cancelled)."""
+    if not future.cancelled():
+        future.exception()

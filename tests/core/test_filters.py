@@ -22,7 +22,7 @@ SHOE = {
 
 
 def test_public_surface() -> None:
-    assert filters.__all__ == ["FilterError", "Predicate", "compile_filter", "filter_key", "matches", "validate_filter"]
+    assert filters.__all__ == ["FilterError", "Predicate", "compile_filter", "field_value", "filter_key", "matches", "validate_filter"]
     assert issubclass(FilterError, InvalidInputError)
 
 

@@ -5,10 +5,7 @@
 
 from __future__ import annotations
 
-import asyncio
-import contextvars
-import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -17,69 +14,11 @@ if TYPE_CHECKING:
     from gpuprompt.index._index import VectorIndex
     from gpuprompt.index._types import Record
 
+from gpuprompt._bridge import off_loop
+
 __all__ = ["AsyncIndexMixin", "off_loop"]
 
 T = TypeVar("T")
-
-
-class _Gate:
-    """Decides, once, whether a queued call runs or was cancelled before it started."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self.started = False
-        self.cancelled = False
-
-    def start(self) -> bool:
-        with self._lock:
-            self.started = not self.cancelled
-            return self.started
-
-    def cancel(self) -> bool:
-        """Mark the call cancelled; True if it had not started (then it never will)."""
-        with self._lock:
-            self.cancelled = True
-            return not self.started
-
-
-async def off_loop(fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
-    """Run ``fn(*args, **kwargs)`` in the event loop's default thread pool and return its result.
-
-    The loop keeps running while ``fn`` does (it may wait on the index's locks and do CPU work);
-    context variables travel with the call, as with :func:`asyncio.to_thread`.
-
-    Cancellation never leaves ``fn`` half-done behind the caller's back: a call that has not
-    started yet is dropped and never runs; one that is running cannot be interrupted, so the
-    cancellation waits (without blocking the loop) until it has finished. When ``CancelledError``
-    reaches the caller, the call's effects are therefore complete, or absent.
-    """
-    loop = asyncio.get_running_loop()
-    context = contextvars.copy_context()
-    gate = _Gate()
-
-    def call() -> Any:
-        if not gate.start():
-            return None  # cancelled while queued: never run
-        return context.run(fn, *args, **kwargs)
-
-    future = loop.run_in_executor(None, call)
-    try:
-        return await asyncio.shield(future)
-    except asyncio.CancelledError:
-        if not gate.cancel():
-            while not future.done():
-                try:
-                    await asyncio.wait({future})
-                except asyncio.CancelledError:
-                    continue  # cancelled again: still wait, the call is running
-        future.add_done_callback(_consume)
-        raise
-
-
-def _consume(future: asyncio.Future[Any]) -> None:
-    """Mark the result of an abandoned call as seen (its caller was cancelled)."""
-    if not future.cancelled():
-        future.exception()
 
 
 class AsyncIndexMixin:

@@ -15,6 +15,7 @@ from typing import Any
 from gpuprompt.batching import BatcherStats, MicroBatcher
 from gpuprompt.errors import ClosedError
 from gpuprompt.index._async import AsyncIndexMixin
+from gpuprompt.index._groups import GroupSearchMixin
 from gpuprompt.index._checks import check_filter, check_id_list, check_storable, check_upsert
 from gpuprompt.index._config import BackendName, IndexConfig, resolve_config
 from gpuprompt.index._mmr import check_mmr, check_one_query
@@ -29,7 +30,7 @@ __all__ = ["VectorIndex"]
 _ASYNC_INLINE = 1 << 16  # asearch validates at most this many numbers on the loop thread
 
 
-class VectorIndex(AsyncIndexMixin):
+class VectorIndex(AsyncIndexMixin, GroupSearchMixin):
     """Vectors with their ids, documents and metadata; exact or ANN search with pre-filtering.
 
     Concurrent :meth:`search` / :meth:`asearch` calls, from threads or asyncio tasks, are coalesced

@@ -50,7 +50,7 @@ from typing import Any
 from gpuprompt._validate import MAX_DEPTH, check_depth
 from gpuprompt.errors import FilterError, InvalidInputError, describe
 
-__all__ = ["FilterError", "Predicate", "compile_filter", "filter_key", "matches", "validate_filter"]
+__all__ = ["FilterError", "Predicate", "compile_filter", "field_value", "filter_key", "matches", "validate_filter"]
 
 Predicate = Callable[[Mapping[str, Any]], bool]
 """A compiled filter: takes one record's metadata, says whether it matches."""
@@ -204,6 +204,12 @@ def _any_of(parts: list[Predicate]) -> Predicate:
     if len(parts) == 1:
         return parts[0]
     return lambda metadata: any(part(metadata) for part in parts)
+
+
+def field_value(metadata: Mapping[str, Any], field: str) -> Any:
+    """The value a filter on ``field`` sees in ``metadata`` (dotted names reach into nested dicts,
+    a key literally holding the dots wins); a missing field gives a sentinel of its own."""
+    return _getter(field)(metadata)
 
 
 def _getter(field: str) -> Callable[[Mapping[str, Any]], Any]:

@@ -448,7 +448,7 @@ def _routes(app: FastAPI, server: _Server) -> None:  # noqa: C901 - one function
     async def delete_documents(body: s.DeleteDocumentsRequest, name: str = name_path) -> Response:
         """Delete records by id (unknown ids are ignored)."""
         collection = server.collections.get(name)
-        deleted = await asyncio.to_thread(collection.index.delete, body.ids)
+        deleted = await collection.index.adelete(body.ids)
         return Response(
             json.dumps({"object": "collection.documents.deleted", "collection": name, "deleted": deleted,
                         "count": collection.index.count}),

@@ -171,7 +171,7 @@ class Collections:
             held = collection.index.count + self._pending.get(name, 0)
         if held + incoming > self.max_records and ids is not None:
             # Near the cap: replaced records take no room, so count only the ids not stored yet.
-            known = await asyncio.to_thread(collection.index.get, list(set(ids)))
+            known = await collection.index.aget(list(set(ids)))
             incoming -= len(known)
         with self._lock:
             held = collection.index.count + self._pending.get(name, 0)
@@ -211,7 +211,7 @@ class Collections:
             promised = await self._reserve(collection, ids, len(documents))
             try:
                 vectors = await self._embedder.aembed_tensor(documents)
-                stored = await asyncio.to_thread(collection.index.add, ids, vectors, documents, metadatas)
+                stored = await collection.index.aadd(ids, vectors, documents, metadatas)
             finally:
                 self._release(name, promised)
         except BaseException:
