@@ -247,8 +247,8 @@ def create_app(
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         if config.preload:
-            await asyncio.to_thread(server.embedder.load)
-            await asyncio.to_thread(server.llm.load)
+            await server.embedder.aload()
+            await server.llm.aload()
             server.loaded = True
         logger.info(
             "serving chat model %s and embedding model %s", server.llm.model_name, server.embedder.model_id
@@ -348,7 +348,7 @@ def _routes(app: FastAPI, server: _Server) -> None:  # noqa: C901 - one function
                 code="invalid_value",
             )
         if body.dimensions is not None:
-            dim = await asyncio.to_thread(lambda: server.embedder.dim)  # loads the model if not preloaded
+            dim = (await server.embedder.aload()).dim  # loads the model off the loop if not preloaded
             if body.dimensions != dim:
                 raise ApiError(
                     400,
