@@ -712,10 +712,10 @@ def test_random_metadata_round_trips_exactly_or_is_refused_unchanged(property_st
     assert _state(store) == before
 
 
-def test_property_cases_ran() -> None:
-    # Runs after the property test in file order; says how many cases each branch saw.
-    total = GENERATED["round_trip"] + GENERATED["refused"]
-    if total == 0:
-        pytest.skip("the property test did not run in this session")
+def test_property_cases_cover_both_branches(property_store) -> None:
+    # Runs the property test on its own counters: a generator that only ever produced clean (or
+    # only hostile) metadata would pass it while checking one branch.
+    GENERATED.update(round_trip=0, refused=0)
+    test_random_metadata_round_trips_exactly_or_is_refused_unchanged(property_store)
     print(f"\nLlamaIndex vector store property test: {GENERATED}")
     assert GENERATED["round_trip"] > 0 and GENERATED["refused"] > 0
