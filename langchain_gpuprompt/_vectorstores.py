@@ -16,6 +16,7 @@ from langchain_core.embeddings import Embeddings
 from langchain_core.vectorstores import VectorStore
 from typing_extensions import Self
 
+from gpuprompt._bridge import off_loop
 from gpuprompt._validate import (
     check_metadata,
     check_number,
@@ -277,17 +278,8 @@ class GPUPromptVectorStore(VectorStore):
         return True
 
     async def adelete(self, ids: list[str] | None = None, **kwargs: Any) -> bool:
-        """Async :meth:`delete` (the core's ``aclear`` / ``adelete``, off the event loop)."""
-        _no_kwargs("adelete", kwargs)
-        if ids is not None:
-            ids = _check_ids(ids)
-        if self._index is None:
-            return True
-        if ids is None:
-            await self._index.aclear()
-        elif ids:
-            await self._index.adelete(ids)
-        return True
+        """Async :meth:`delete`, off the event loop (a cancelled call deletes all or nothing)."""
+        return await off_loop(self.delete, ids, **kwargs)
 
     # ------------------------------------------------------------------ reads
     def get_by_ids(self, ids: Sequence[str], /) -> list[Document]:
@@ -298,11 +290,8 @@ class GPUPromptVectorStore(VectorStore):
         return [_record_document(record) for record in self._index.get(ids)]
 
     async def aget_by_ids(self, ids: Sequence[str], /) -> list[Document]:
-        """Async :meth:`get_by_ids` (the core's ``aget``, off the event loop)."""
-        ids = _check_ids(ids)
-        if self._index is None or not ids:
-            return []
-        return [_record_document(record) for record in await self._index.aget(ids)]
+        """Async :meth:`get_by_ids`, off the event loop."""
+        return await off_loop(self.get_by_ids, ids)
 
     # ------------------------------------------------------------------ similarity search
     def similarity_search(
