@@ -6,7 +6,6 @@ messages; batching, streaming, stop strings, cancellation and guided decoding li
 
 from __future__ import annotations
 
-import asyncio
 import json
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
@@ -179,14 +178,18 @@ class ChatGPUPrompt(BaseChatModel):
             **self.engine_kwargs,
         )
 
-    def _get_engine(self, model: str | None | Literal["__self__"] = "__self__") -> LLMEngine:
+    def _shared_engine(self, model: str | None | Literal["__self__"]) -> LLMEngine:
+        """The runtime's engine for these settings (looked up, not started)."""
         from gpuprompt.runtime import get_runtime
 
-        if model == "__self__" and self._engine_cache is not None:
-            return self._engine_cache
         config = self._config(model)
         options = {name: getattr(config, name) for name in config.option_names()}
-        engine = get_runtime().llm(config.model, **options).load()
+        return get_runtime().llm(config.model, **options)
+
+    def _get_engine(self, model: str | None | Literal["__self__"] = "__self__") -> LLMEngine:
+        if model == "__self__" and self._engine_cache is not None:
+            return self._engine_cache
+        engine = self._shared_engine(model).load()
         if model == "__self__":
             self._engine_cache = engine
         return engine
@@ -200,7 +203,10 @@ class ChatGPUPrompt(BaseChatModel):
         if model == "__self__" and self._engine_cache is not None:
             return self._engine_cache
         # Starting an engine loads a model (and may spawn vLLM): never on the event loop.
-        return await asyncio.to_thread(self._get_engine, model)
+        engine = await self._shared_engine(model).aload()
+        if model == "__self__":
+            self._engine_cache = engine
+        return engine
 
     # ------------------------------------------------------------------ LangChain plumbing
     @property
