@@ -36,6 +36,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
 from gpuprompt._bridge import run_sync
 from gpuprompt.errors import ConfigurationError, InputTypeError, InvalidInputError, describe
+from gpuprompt.llm._policy import check_call_policy
 from gpuprompt.models import BUNDLED_CHAT_MODEL
 
 if TYPE_CHECKING:
@@ -158,6 +159,7 @@ class ChatGPUPrompt(BaseChatModel):
         # not inside a pydantic validator that would rewrap them.
         self._config()
         self._request([{"role": "user", "content": ""}], None, {})
+        check_call_policy(self.timeout, self.max_retries)
 
     # ------------------------------------------------------------------ engine
     def _config(self, model: str | None | Literal["__self__"] = "__self__") -> Any:

@@ -34,6 +34,7 @@ from llama_index.core.llms.callbacks import llm_chat_callback, llm_completion_ca
 from llama_index.core.llms.llm import LLM
 
 from gpuprompt.errors import ConfigurationError, InputTypeError, InvalidInputError, describe
+from gpuprompt.llm._policy import check_call_policy
 from llamaindex_gpuprompt._common import check_options
 
 if TYPE_CHECKING:
@@ -186,6 +187,7 @@ class GPUPromptLLM(LLM):
             model = engine.config.model
         check_options("engine_options", kwargs.get("engine_options"), ("model", "backend", "device", "max_model_len"))
         super().__init__(model=model, **kwargs)
+        check_call_policy(self.timeout, self.max_retries)
         self._engine = engine
 
     @classmethod

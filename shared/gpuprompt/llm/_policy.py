@@ -15,9 +15,17 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from gpuprompt._validate import check_int, check_number, fail
-from gpuprompt.errors import ClosedError, EngineDeadError, EngineError, QueueFullError, RequestTimeoutError
+from gpuprompt.errors import (
+    ClosedError,
+    ConfigurationError,
+    EngineDeadError,
+    EngineError,
+    InvalidInputError,
+    QueueFullError,
+    RequestTimeoutError,
+)
 
-__all__ = ["CallPolicy"]
+__all__ = ["CallPolicy", "check_call_policy"]
 
 T = TypeVar("T")
 
@@ -85,3 +93,12 @@ class CallPolicy:
                     raise
                 await asyncio.sleep(self.backoff * 2**attempt)
         raise AssertionError("unreachable")  # pragma: no cover
+
+
+def check_call_policy(timeout: object, max_retries: object) -> CallPolicy:
+    """A component's ``timeout`` / ``max_retries`` settings as a policy, or ``ConfigurationError``
+    at construction (a value accepted there must never fail a later call)."""
+    try:
+        return CallPolicy(timeout=timeout, max_retries=max_retries)  # type: ignore[arg-type]
+    except InvalidInputError as exc:
+        raise ConfigurationError(str(exc)) from None
