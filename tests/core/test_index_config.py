@@ -208,3 +208,12 @@ def test_a_saved_config_that_is_invalid_is_refused(tmp_path: Path, change, words
     _rewrite_config(tmp_path / "snap", change)
     with pytest.raises(SnapshotError, match=words):
         VectorIndex.load(tmp_path / "snap", device="cpu")
+
+
+def test_a_dimension_that_would_allocate_gigabytes_is_refused() -> None:
+    # Found by the LlamaIndex property test: dim=6,170,897 tried to allocate 23.5 GiB at the first add.
+    with pytest.raises(ConfigurationError, match="'dim'"):
+        IndexConfig(dim=6_170_897)
+    with pytest.raises(ConfigurationError, match="'dim'"):
+        VectorIndex.check_options(dim=65_537)
+    assert IndexConfig(dim=65_536).dim == 65_536

@@ -109,7 +109,7 @@ class IndexConfig:
     def __post_init__(self) -> None:
         # Checked in this order so the first bad option named is the one it always was; stored
         # normalised (Python ints and floats, factory stripped) so asdict() is plain JSON.
-        self._set("dim", check_int(self.dim, "dim", min=1, error=ConfigurationError))
+        self._set("dim", check_int(self.dim, "dim", min=1, max=MAX_DIM, error=ConfigurationError))
         check_choice(self.metric, "metric", METRICS, error=ConfigurationError)
         check_choice(self.backend, "backend", BACKENDS, error=ConfigurationError)
         check_device(self.device)
@@ -186,6 +186,9 @@ def check_option_names(options: Mapping[str, Any], valid: Sequence[str]) -> None
                 f"(got {name}={describe(value)}).{hint}"
             )
 
+
+MAX_DIM = 65_536
+"""The widest vectors accepted (embedding models stay far below; a typo must not allocate gigabytes)."""
 
 _FACTORY_TOKEN = re.compile(
     r"(IDMap2?|L2norm|Flat|BFlat|HNSW|NSG|NNDescent|IVF|IMI|RCQ|PQ|SQ|OPQ|PCA|RR|ITQ|LSH|RFlat|Refine|RQ|LSQ|PRQ|PLSQ"
