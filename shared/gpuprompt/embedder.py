@@ -1,7 +1,9 @@
 """Embedder: sentence-transformers behind the MicroBatcher, with a device-resident embedding cache.
 
 Concurrent ``embed`` calls from many threads or tasks are coalesced into batched forward passes;
-a text seen before (same model, same text) is served from the cache and never re-encoded.
+a text seen before (same model, same text) is served from the cache and never re-encoded. On CPU
+``quantize="int8"`` swaps only the forward pass for an int8 one (:mod:`gpuprompt._quant`), behind a
+quality guard.
 """
 
 from __future__ import annotations
@@ -13,13 +15,15 @@ import hashlib
 import logging
 import threading
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from gpuprompt._device import default_dtype, resolve_device
+from gpuprompt._quant import QUANTIZE_CHOICES, QualityReport, QualityThresholds
 from gpuprompt._validate import check_bool, check_choice, check_int, check_number, check_str, check_str_list
 from gpuprompt.batching import MAX_WAIT_MS_LIMIT, BatcherStats, MicroBatcher, check_priority
 from gpuprompt.errors import (
@@ -32,12 +36,19 @@ from gpuprompt.errors import (
     describe,
 )
 from gpuprompt.models import BUNDLED_EMBEDDING_ALIASES, BUNDLED_EMBEDDING_MODEL, resolve_embedding_model
-from gpuprompt._device import default_dtype, resolve_device
 
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["EmbedderConfig", "EmbedderStats", "Embedder", "EmbeddingCache", "validate_texts"]
+__all__ = [
+    "Embedder",
+    "EmbedderConfig",
+    "EmbedderStats",
+    "EmbeddingCache",
+    "QualityReport",
+    "QualityThresholds",
+    "validate_texts",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -62,6 +73,15 @@ class EmbedderConfig:
         max_queue: most texts waiting; more raises ``QueueFullError``.
         cache_size: most embeddings kept in the device cache (LRU); 0 disables the cache.
         show_progress: show a tqdm bar for bulk calls (more than one batch of new texts).
+        quantize: None (full precision), ``"int8"`` or ``"auto"``. ``"int8"`` runs the forward
+            pass as int8 on CPU (onnxruntime, ``pip install 'gpuprompt[quant]'``): the model is
+            exported and quantised once into the models cache, then checked against fp32 by the
+            quality guard; under ``quantize_guard`` it raises ``QualityError`` naming the figures.
+            ``"auto"`` uses int8 where it runs and passes the guard, else full precision (logging
+            why). On CUDA, fp16 is already fast: ``"int8"`` is refused there and ``"auto"`` keeps
+            fp16 (for a model this small int8 would save memory, not time: see :mod:`gpuprompt._quant`).
+        quantize_guard: the quality guard's thresholds (cosine mean/min and recall@10 kept vs fp32),
+            a :class:`QualityThresholds` or a dict of its fields.
     """
 
     model: str | None = None
@@ -74,6 +94,8 @@ class EmbedderConfig:
     max_queue: int = 100_000
     cache_size: int = 50_000
     show_progress: bool = False
+    quantize: str | None = None
+    quantize_guard: QualityThresholds = dataclasses.field(default_factory=QualityThresholds)
 
     def __post_init__(self) -> None:
         check_int(self.batch_size, "batch_size", min=1, max=_MAX_INT32, error=ConfigurationError)
@@ -91,6 +113,34 @@ class EmbedderConfig:
         check_str(self.device, "device", allow_empty=False, error=ConfigurationError)
         check_bool(self.normalize, "normalize", error=ConfigurationError)
         check_bool(self.show_progress, "show_progress", error=ConfigurationError)
+        if self.quantize is not None:
+            check_choice(self.quantize, "quantize", (None, *QUANTIZE_CHOICES), error=ConfigurationError)
+            if self.dtype not in (None, "float32"):
+                raise ConfigurationError(
+                    f"'dtype' must be None or 'float32' with quantize={self.quantize!r} (got {self.dtype!r}): the "
+                    "int8 forward replaces the compute dtype and is checked against fp32."
+                )
+        if self.quantize == "int8" and self.device not in ("auto", "cpu"):
+            raise ConfigurationError(
+                f"quantize='int8' runs on CPU only (got device={self.device!r}). On CUDA fp16 is already fast and "
+                "int8 would save memory rather than time for this model: use quantize=None (fp16 there), "
+                "quantize='auto' (int8 on CPU, full precision elsewhere), or device='cpu'."
+            )
+        if isinstance(self.quantize_guard, Mapping):
+            # dataclasses.asdict(config) (the adapters pass options on that way) and JSON configs
+            # give the thresholds as a dict.
+            valid = {f.name for f in dataclasses.fields(QualityThresholds)}
+            unknown = sorted(set(self.quantize_guard) - valid, key=str)
+            if unknown:
+                raise ConfigurationError(
+                    f"'quantize_guard' holds unknown key(s) {unknown}; valid keys: {sorted(valid)}."
+                )
+            object.__setattr__(self, "quantize_guard", QualityThresholds(**self.quantize_guard))
+        if not isinstance(self.quantize_guard, QualityThresholds):
+            raise ConfigurationError(
+                f"'quantize_guard' must be a QualityThresholds or a dict of its fields (got "
+                f"{describe(self.quantize_guard)})."
+            )
         if self.model in BUNDLED_EMBEDDING_ALIASES:
             # One spelling per model, so every alias of the bundled model shares one instance.
             object.__setattr__(self, "model", None)
@@ -303,6 +353,9 @@ class Embedder:
         ((2, 384), dtype('float32'))
         >>> emb.embed(["red dress"])              # a cache hit: the model does not run
         ...
+        >>> q8 = Embedder(device="cpu", quantize="int8")   # int8 forward, guarded against fp32
+        >>> q8.identity, q8.quality.cosine_mean            # built once into the models cache
+        ('sentence-transformers/all-MiniLM-L6-v2;int8', 0.998...)
 
     Args:
         model: a local folder, a hub id, or None for the bundled all-MiniLM-L6-v2.
@@ -322,6 +375,9 @@ class Embedder:
         self.config = config
         self._load_lock = threading.Lock()
         self._model: Any = None
+        self._forward: Any = None
+        self._quantization: str | None = None
+        self._quality: QualityReport | None = None
         self._counter: Any = None
         self._counter_lock = threading.Lock()
         self._batcher: MicroBatcher[_Item, Any] | None = None
@@ -336,7 +392,9 @@ class Embedder:
 
     def __repr__(self) -> str:
         state = "loaded" if self._model is not None else "not loaded"
-        return f"<Embedder {self._model_id!r} device={self._device or self.config.device!r} {state}>"
+        quantize = self._quantization if self._model is not None else self.config.quantize
+        extra = f" quantize={quantize!r}" if quantize else ""
+        return f"<Embedder {self._model_id!r} device={self._device or self.config.device!r}{extra} {state}>"
 
     # ------------------------------------------------------------------ loading
     @property
@@ -357,6 +415,33 @@ class Embedder:
         self.load()
         assert self._dim is not None
         return self._dim
+
+    @property
+    def quantization(self) -> str | None:
+        """The forward pass's quantisation once loaded: ``"int8"``, or None for full precision (also
+        when ``quantize="auto"`` fell back). Loads the model."""
+        self.load()
+        return self._quantization
+
+    @property
+    def quality(self) -> QualityReport | None:
+        """The quality guard's figures for the int8 model, also when ``quantize="auto"`` fell back
+        because of them (None when no int8 model was asked for or built). Loads the model."""
+        self.load()
+        return self._quality
+
+    @property
+    def identity(self) -> str:
+        """Which embedder produces these vectors: the model id, plus ``;int8`` when quantised and
+        ``;unnormalized`` without normalisation. Vectors of two identities must not share an index.
+        Loads the model (``quantize="auto"`` is resolved then)."""
+        self.load()
+        parts = [self._model_id]
+        if self._quantization:
+            parts.append(self._quantization)
+        if not self.config.normalize:
+            parts.append("unnormalized")
+        return ";".join(parts)
 
     @property
     def max_length(self) -> int:
@@ -393,6 +478,7 @@ class Embedder:
             dtype = self.config.dtype or default_dtype(device)
             model.to(getattr(torch, dtype))
             model.eval()
+            forward, quantization, quality = self._choose_forward(model, path, device)
             dim = model.get_embedding_dimension() if hasattr(model, "get_embedding_dimension") else None
             dim = dim or model.get_sentence_embedding_dimension()
             if not dim:
@@ -411,9 +497,47 @@ class Embedder:
                 max_wait_ms=self.config.max_wait_ms,
                 max_queue=self.config.max_queue,
             )
+            self._forward, self._quantization, self._quality = forward, quantization, quality
             self._model = model
-            logger.info("loaded embedder %s on %s (%s, dim %d)", self._model_id, device, dtype, self._dim)
+            logger.info("loaded embedder %s on %s (%s, dim %d)", self._model_id, device, quantization or dtype,
+                        self._dim)
         return self
+
+    def _choose_forward(self, model: Any, path: str, device: str) -> tuple[Any, str | None, QualityReport | None]:
+        """The forward pass for ``config.quantize``: ``(forward, quantization, guard report)``."""
+        full = self._full_forward
+        asked = self.config.quantize
+        if asked is None:
+            return full, None, None
+        if device != "cpu":
+            if asked == "int8":  # device "auto" resolved to an accelerator
+                raise ConfigurationError(
+                    f"quantize='int8' runs on CPU only, and device 'auto' resolved to {device!r}; pass device='cpu' "
+                    "for int8, or quantize='auto' to keep fp16 on the accelerator (already fast there)."
+                )
+            logger.info("quantize='auto' on %s: keeping %s (int8 is a CPU path)", device, default_dtype(device))
+            return full, None, None
+        from gpuprompt import _quant
+
+        try:
+            onnx_path, report = _quant.build_int8(model, path, self._model_id)
+        except (DependencyError, ModelLoadError) as exc:
+            if asked == "int8":
+                raise
+            logger.warning("quantize='auto': using full precision for %s, int8 is unavailable: %s", self._model_id, exc)
+            return full, None, None
+        error = _quant.quality_error(report, self.config.quantize_guard, self._model_id)
+        if error is not None:
+            if asked == "int8":
+                raise error
+            logger.warning("quantize='auto': using full precision for %s, the int8 model failed the quality guard: %s",
+                           self._model_id, "; ".join(error.failed) + f" ({report.summary()})")
+            return full, None, report
+        logger.info("int8 forward for %s passed the quality guard: %s", self._model_id, report.summary())
+        return _quant.Int8Forward(onnx_path, model), "int8", report
+
+    def _full_forward(self, features: dict[str, Any]) -> Any:
+        return self._model(features)["sentence_embedding"]
 
     # ------------------------------------------------------------------ the batch function
     async def aload(self) -> Embedder:
@@ -430,7 +554,7 @@ class Embedder:
             with torch.inference_mode():
                 features = self._model.preprocess(texts)
                 features = {k: v.to(self._device) if isinstance(v, torch.Tensor) else v for k, v in features.items()}
-                out = self._model(features)["sentence_embedding"]
+                out = self._forward(features)
                 if self.config.normalize:
                     out = torch.nn.functional.normalize(out, p=2, dim=1)
                 out = out.float()
@@ -556,9 +680,9 @@ class Embedder:
         progress = self.config.show_progress if show_progress is None else show_progress
         try:
             if progress and len(futures) > self.config.batch_size:
-                from tqdm.auto import tqdm
-
                 from concurrent.futures import as_completed
+
+                from tqdm.auto import tqdm
 
                 with tqdm(total=len(futures), desc="Embedding", unit="text") as bar:
                     for future in as_completed(futures):
@@ -653,6 +777,9 @@ class Embedder:
             self._closed = True
             batcher, self._batcher = self._batcher, None
             self._model = None
+            forward, self._forward = self._forward, None
+        if hasattr(forward, "close"):
+            forward.close()
         if batcher is not None:
             batcher.close()
 

@@ -11,6 +11,7 @@ Each message says what was wrong, what was got, and how to fix it. The tree::
     ├── ConfigurationError (ValueError)        bad constructor / config option
     ├── DependencyError (ImportError)          optional package missing (names the install command)
     ├── ModelLoadError                         a model could not be found, converted or loaded
+    │   └── QualityError                       a quantised model fell under its quality guard (names the figures)
     ├── QueueFullError                         backpressure: a bounded queue is full, retry later
     ├── RequestTimeoutError (TimeoutError)     a request took longer than its timeout; it was aborted
     ├── ClosedError                            the batcher / engine / runtime was closed
@@ -33,6 +34,7 @@ __all__ = [
     "DependencyError",
     "DeviceOutOfMemoryError",
     "DimensionMismatchError",
+    "EmbedderMismatchError",
     "EngineDeadError",
     "EngineError",
     "FilterError",
@@ -40,9 +42,11 @@ __all__ = [
     "InputTypeError",
     "InvalidInputError",
     "ModelLoadError",
+    "QualityError",
     "QueueFullError",
     "RequestTimeoutError",
     "SnapshotError",
+    "UnsupportedFeatureError",
     "describe",
 ]
 
@@ -125,6 +129,52 @@ class DependencyError(GPUPromptError, ImportError):
 
 class ModelLoadError(GPUPromptError):
     """A model could not be located, converted or loaded."""
+
+
+class EmbedderMismatchError(InvalidInputError):
+    """Vectors from one embedder were added to an index that holds another embedder's vectors.
+
+    Vectors of two models (or of one model at two precisions) do not share a space: mixing them
+    silently ranks wrong. Pass ``allow_other_embedder=True`` when mixing is intended.
+
+    Attributes:
+        expected: the embedder recorded by the index.
+        got: the embedder of the rejected vectors.
+    """
+
+    def __init__(self, message: str, *, expected: str | None = None, got: str | None = None):
+        super().__init__(message)
+        self.expected = expected
+        self.got = got
+
+
+class UnsupportedFeatureError(InvalidInputError):
+    """A request asked for something the chosen backend cannot honour (a sampling field, a kind
+    of guided decoding). It is refused, never silently ignored.
+
+    Attributes:
+        field: the name of the request field that cannot be honoured.
+        backend: the backend's name.
+    """
+
+    def __init__(self, message: str, *, field: str | None = None, backend: str | None = None):
+        super().__init__(message)
+        self.field = field
+        self.backend = backend
+
+
+class QualityError(ModelLoadError):
+    """A quantised model fell under its quality guard; it was not loaded.
+
+    Attributes:
+        report: the guard's figures (a ``gpuprompt._quant.QualityReport``), or None.
+        failed: each figure under its floor, as ``"name value < floor"``.
+    """
+
+    def __init__(self, message: str, *, report: Any = None, failed: list[str] | None = None):
+        super().__init__(message)
+        self.report = report
+        self.failed = list(failed or [])
 
 
 class QueueFullError(GPUPromptError):

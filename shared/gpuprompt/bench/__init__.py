@@ -27,6 +27,7 @@ logger = logging.getLogger(__name__)
 # skipped with a warning (its scenarios are then not listed).
 _MODULES = [
     "gpuprompt.bench.embed",
+    "gpuprompt.bench.embed_quant",
     "gpuprompt.bench.gpu",
     "gpuprompt.bench.search",
     "gpuprompt.bench.llm",
