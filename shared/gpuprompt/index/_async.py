@@ -36,13 +36,18 @@ class AsyncIndexMixin:
         vectors: Any,
         documents: Sequence[str | None] | None = None,
         metadatas: Sequence[Mapping[str, Any] | None] | None = None,
+        *,
+        embedder: str | None = None,
+        allow_other_embedder: bool = False,
     ) -> list[str]:
         """Async :meth:`add`: checks and the write run in a worker thread; the loop keeps running.
 
         The write is atomic: if the awaiting task is cancelled, the add either never starts or,
         already running, completes before ``CancelledError`` is raised -- never half of it.
         """
-        return await off_loop(self.add, ids, vectors, documents, metadatas)
+        return await off_loop(
+            self.add, ids, vectors, documents, metadatas, embedder=embedder, allow_other_embedder=allow_other_embedder
+        )
 
     async def adelete(self: VectorIndex, ids: Sequence[str]) -> int:
         """Async :meth:`delete`, in a worker thread (cancellation as for :meth:`aadd`)."""

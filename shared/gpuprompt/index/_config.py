@@ -13,9 +13,9 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from gpuprompt._device import check_device
-from gpuprompt._validate import check_choice, check_int, check_number, check_text, fail
+from gpuprompt._validate import check_bool, check_choice, check_int, check_number, check_str, check_text, fail
 from gpuprompt.batching import MAX_WAIT_MS_LIMIT
-from gpuprompt.errors import ConfigurationError, InvalidInputError, describe
+from gpuprompt.errors import ConfigurationError, EmbedderMismatchError, InvalidInputError, describe
 
 __all__ = [
     "ANN_THRESHOLD",
@@ -85,6 +85,11 @@ class IndexConfig:
         max_batch_size: most search requests coalesced into one backend call.
         max_wait_ms: the longest a queued search waits for its batch to fill while under load.
         max_queue: most search requests waiting; more raise ``QueueFullError``.
+        embedder: which embedder produced the stored vectors (an
+            :attr:`~gpuprompt.Embedder.identity` such as ``"sentence-transformers/all-MiniLM-L6-v2;int8"``),
+            or None while unknown. Recorded by the first :meth:`~gpuprompt.VectorIndex.add` that names
+            one (or given here); vectors from another embedder are then refused with
+            :class:`~gpuprompt.errors.EmbedderMismatchError`. Saved in snapshots; cleared by ``clear()``.
 
     Raises:
         ConfigurationError: a value of the wrong type or range, a malformed device string, or
@@ -105,6 +110,7 @@ class IndexConfig:
     max_batch_size: int = 64
     max_wait_ms: float = 2.0
     max_queue: int = 10_000
+    embedder: str | None = None
 
     def __post_init__(self) -> None:
         # Checked in this order so the first bad option named is the one it always was; stored
@@ -130,6 +136,10 @@ class IndexConfig:
         wait = check_number(self.max_wait_ms, "max_wait_ms", min=0, max=MAX_WAIT_MS_LIMIT, error=ConfigurationError)
         self._set("max_wait_ms", wait)
         self._set("max_queue", check_int(self.max_queue, "max_queue", min=1, error=ConfigurationError))
+        try:
+            check_embedder_name(self.embedder, allow_none=True)
+        except InvalidInputError as exc:
+            raise ConfigurationError(str(exc)) from None
 
     def _set(self, name: str, value: Any) -> None:
         object.__setattr__(self, name, value)
@@ -185,6 +195,43 @@ def check_option_names(options: Mapping[str, Any], valid: Sequence[str]) -> None
                 f"'{name}' must be a VectorIndex option: one of {', '.join(valid)} "
                 f"(got {name}={describe(value)}).{hint}"
             )
+
+
+def check_embedder_name(value: Any, *, allow_none: bool = False) -> str | None:
+    """Check an embedder identity (a non-empty, well-formed str of at most 512 characters).
+
+    Raises:
+        InputTypeError: not a str. InvalidInputError: empty, too long or malformed.
+    """
+    return check_str(value, "embedder", allow_none=allow_none, allow_empty=False, max_length=512)
+
+
+def check_embedder_args(embedder: Any, allow_other: Any) -> None:
+    """Check :meth:`~gpuprompt.VectorIndex.add`'s ``embedder`` and ``allow_other_embedder`` arguments."""
+    check_embedder_name(embedder, allow_none=True)
+    check_bool(allow_other, "allow_other_embedder")
+
+
+def record_embedder(config: IndexConfig, embedder: str | None, allow_other: bool) -> IndexConfig:
+    """The config after an add of vectors made by ``embedder``: the record set by the first add that
+    names one; an add from another embedder refused unless ``allow_other`` (the record is kept).
+
+    Raises:
+        EmbedderMismatchError: ``embedder`` differs from the recorded one and ``allow_other`` is False.
+    """
+    if embedder is None or embedder == config.embedder:
+        return config
+    if config.embedder is None:
+        return dataclasses.replace(config, embedder=embedder)
+    if allow_other:
+        return config
+    raise EmbedderMismatchError(
+        f"this index holds vectors from embedder {config.embedder!r}; vectors from {embedder!r} are "
+        "in another space and would rank wrongly. Embed with the index's embedder, or pass "
+        "allow_other_embedder=True if mixing is intended.",
+        expected=config.embedder,
+        got=embedder,
+    )
 
 
 MAX_DIM = 65_536

@@ -7,6 +7,7 @@ input checks and persistence live in the modules beside it.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -17,7 +18,7 @@ from gpuprompt.errors import ClosedError
 from gpuprompt.index._async import AsyncIndexMixin
 from gpuprompt.index._groups import GroupSearchMixin
 from gpuprompt.index._checks import check_filter, check_id_list, check_storable, check_upsert
-from gpuprompt.index._config import BackendName, IndexConfig, resolve_config
+from gpuprompt.index._config import BackendName, IndexConfig, check_embedder_args, record_embedder, resolve_config
 from gpuprompt.index._mmr import check_mmr, check_one_query
 from gpuprompt.index._plan import Backend, apply_change, fill, new_backend, settle, tune
 from gpuprompt.index._search import FilterCache, SearchRequest, make_request, run_batch, search_batcher
@@ -215,6 +216,9 @@ class VectorIndex(AsyncIndexMixin, GroupSearchMixin):
         vectors: Any,
         documents: Sequence[str | None] | None = None,
         metadatas: Sequence[Mapping[str, Any] | None] | None = None,
+        *,
+        embedder: str | None = None,
+        allow_other_embedder: bool = False,
     ) -> list[str]:
         """Insert or replace records (upsert): an existing id is replaced, never duplicated.
 
@@ -226,6 +230,9 @@ class VectorIndex(AsyncIndexMixin, GroupSearchMixin):
             documents: one str or None per vector, or None.
             metadatas: one JSON dict or None per vector, or None: str keys; values str, int within
                 int64, finite float, bool, None, lists and dicts, no cycles, at most 32 levels deep.
+            embedder: the :attr:`~gpuprompt.Embedder.identity` that made ``vectors``; the first add
+                naming one records it in :attr:`IndexConfig.embedder`, later adds must match.
+            allow_other_embedder: add vectors of another embedder anyway (the record is kept).
 
         Returns:
             The ids, in the order given (generated ones filled in).
@@ -236,12 +243,15 @@ class VectorIndex(AsyncIndexMixin, GroupSearchMixin):
                 empty ids, text with lone surrogates, or metadata that would not save (see above).
                 Nothing stored changes.
             InputTypeError: an item of the wrong type (named by its index), complex or string vectors.
+            EmbedderMismatchError: ``embedder`` differs from the index's recorded embedder.
         """
+        check_embedder_args(embedder, allow_other_embedder)
         upsert = check_upsert(ids, vectors, documents, metadatas, dim=self.dim, metric=self.metric)
         if not upsert.ids:
             return []
         check_storable(upsert.vectors, upsert.positions, self._ensure_backend(len(upsert.positions)), self.metric)
         with self._lock.write():
+            self._config = record_embedder(self._config, embedder, allow_other_embedder)
             store = self._store
             change = store.plan_upsert(upsert.unique_ids, upsert.vectors)
             store.reserve(change.size)
@@ -275,8 +285,9 @@ class VectorIndex(AsyncIndexMixin, GroupSearchMixin):
             return int(change.removed_labels.size)
 
     def clear(self) -> None:
-        """Delete every record (a trained faiss index keeps its training)."""
+        """Delete every record (a trained faiss index keeps its training) and the embedder record."""
         with self._lock.write():
+            self._config = dataclasses.replace(self._config, embedder=None)
             self._store.clear()
             if self._backend is not None:
                 self._backend.reset()
