@@ -9,7 +9,6 @@ quality guard.
 from __future__ import annotations
 
 import asyncio
-import copy
 import dataclasses
 import hashlib
 import logging
@@ -24,6 +23,7 @@ import numpy as np
 
 from gpuprompt._device import default_dtype, resolve_device
 from gpuprompt._quant import QUANTIZE_CHOICES, QualityReport, QualityThresholds
+from gpuprompt._tokens import Encoded, Tokens
 from gpuprompt._validate import check_bool, check_choice, check_int, check_number, check_str, check_str_list
 from gpuprompt.batching import MAX_WAIT_MS_LIMIT, BatcherStats, MicroBatcher, check_priority
 from gpuprompt.errors import (
@@ -300,31 +300,7 @@ class _Item:
     text: str
     tokens: int
     key: bytes
-
-
-class _TokenCounter:
-    """Counts tokens (special tokens included, no truncation) with a private tokenizer copy.
-
-    The worker thread tokenises with the model's own tokenizer; a fast tokenizer is not safe to
-    share between threads, so callers count with this copy (under the Embedder's lock).
-    """
-
-    def __init__(self, tokenizer: Any) -> None:
-        backend = getattr(tokenizer, "backend_tokenizer", None)
-        if backend is not None:
-            self._backend = copy.deepcopy(backend)
-            self._backend.no_truncation()
-            self._backend.no_padding()
-            self._tokenizer = None
-        else:
-            self._backend = None
-            self._tokenizer = copy.deepcopy(tokenizer)
-
-    def __call__(self, texts: list[str]) -> list[int]:
-        if self._backend is not None:
-            return [len(encoding.ids) for encoding in self._backend.encode_batch(texts, add_special_tokens=True)]
-        encoded = self._tokenizer(texts, add_special_tokens=True, truncation=False, verbose=False)["input_ids"]
-        return [len(ids) for ids in encoded]
+    encoded: Encoded | None = None
 
 
 @dataclass
@@ -486,7 +462,8 @@ class Embedder:
             self._device = device
             self._dim = int(dim)
             self._max_length = int(model.max_seq_length or 512)
-            self._counter = _TokenCounter(model.tokenizer)
+            self._counter = Tokens(model.tokenizer, self._max_length)
+            self._counter.verify(model.preprocess)
             self._cache = EmbeddingCache(self._dim, self.config.cache_size, device)
             self._batcher = MicroBatcher(
                 self._run_batch,
@@ -552,7 +529,10 @@ class Embedder:
         texts = [item.text for item in items]
         try:
             with torch.inference_mode():
-                features = self._model.preprocess(texts)
+                if all(item.encoded is not None and item.encoded.ids is not None for item in items):
+                    features = self._counter.features([item.encoded for item in items])  # tokenised once
+                else:
+                    features = self._model.preprocess(texts)
                 features = {k: v.to(self._device) if isinstance(v, torch.Tensor) else v for k, v in features.items()}
                 out = self._forward(features)
                 if self.config.normalize:
@@ -581,7 +561,11 @@ class Embedder:
         # The worker thread tokenises with the model's tokenizer; callers count with a private copy
         # (a fast tokenizer is not safe to share between threads that change its settings).
         with self._counter_lock:
-            return self._counter(texts)
+            return self._counter.count(texts)
+
+    def _encode(self, texts: list[str]) -> list[Encoded]:
+        with self._counter_lock:
+            return self._counter.encode(texts)
 
     def _prepare(self, texts: list[str], priority: int) -> _Plan:
         batcher, cache = self._batcher, self._cache
@@ -598,13 +582,12 @@ class Embedder:
         miss_texts = list(unique.values())
         futures: list[Future] = []
         if miss_texts:
-            lengths = self._count_tokens(miss_texts)
-            truncated = sum(1 for n in lengths if n > self._max_length)
-            cost = [min(n, self._max_length) for n in lengths]
+            encoded = self._encode(miss_texts)
+            truncated = sum(1 for item in encoded if item.truncated)
             # Length-sorted submission: bulk calls form batches of similar length (less padding).
-            order = sorted(range(len(miss_texts)), key=lambda i: -cost[i])
+            order = sorted(range(len(miss_texts)), key=lambda i: -encoded[i].tokens)
             sorted_futures = batcher.submit_many(
-                [_Item(miss_texts[i], cost[i], miss_keys[i]) for i in order], priority=priority
+                [_Item(miss_texts[i], encoded[i].tokens, miss_keys[i], encoded[i]) for i in order], priority=priority
             )
             futures = [None] * len(order)  # type: ignore[list-item]
             for slot, i in enumerate(order):

@@ -16,9 +16,9 @@ from typing import Any
 from gpuprompt.batching import BatcherStats, MicroBatcher
 from gpuprompt.errors import ClosedError
 from gpuprompt.index._async import AsyncIndexMixin
-from gpuprompt.index._groups import GroupSearchMixin
 from gpuprompt.index._checks import check_filter, check_id_list, check_storable, check_upsert
 from gpuprompt.index._config import BackendName, IndexConfig, check_embedder_args, record_embedder, resolve_config
+from gpuprompt.index._groups import GroupSearchMixin
 from gpuprompt.index._mmr import check_mmr, check_one_query
 from gpuprompt.index._plan import Backend, apply_change, fill, new_backend, settle, tune
 from gpuprompt.index._search import FilterCache, SearchRequest, make_request, run_batch, search_batcher
