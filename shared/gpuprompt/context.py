@@ -24,11 +24,14 @@ from typing import TYPE_CHECKING, Any
 from gpuprompt._validate import INT64_MAX, check_choice, check_clock, check_int, check_str, check_ttl, fail
 from gpuprompt.errors import ConfigurationError, DimensionMismatchError, InputTypeError
 from gpuprompt.llm._types import ROLES
+from gpuprompt.sessions._protocol import check_store
+from gpuprompt.sessions._sync import StoreSync
 
 if TYPE_CHECKING:
     import torch
 
     from gpuprompt.embedder import Embedder
+    from gpuprompt.sessions import SessionStore
 
 __all__ = ["ContextCache", "ContextStats", "Turn", "check_session_id"]
 
@@ -61,8 +64,9 @@ class Turn:
     """One message of a conversation.
 
     Attributes:
-        role: ``"system"``, ``"user"`` or ``"assistant"`` (``gpuprompt.llm._types.ROLES``: a stored turn
-            always fits a :class:`~gpuprompt.llm.GenerationRequest`; a tool result is a user turn).
+        role: ``"system"``, ``"user"``, ``"assistant"`` or ``"tool"`` (``gpuprompt.llm._types.ROLES``:
+            a stored turn always fits a :class:`~gpuprompt.llm.GenerationRequest`; a ``"tool"`` turn
+            is a tool result, its text only).
         text: the message text.
         index: position in the session, counting from 0 (stable even after old turns are dropped).
         created_at: wall-clock time of the append (``time.time()``).
@@ -105,12 +109,13 @@ class _Session:
     start: int = 0
     next_index: int = 0
     last_access: float = 0.0
+    epoch: str | None = None  # with a store: the stored session this is a copy of
 
     def live(self) -> list[Turn]:
         return self.turns[self.start :]
 
 
-class ContextCache:
+class ContextCache(StoreSync):
     """Per-session conversation memory with device-resident turn embeddings.
 
     Sessions are isolated (a window only ever reads its own session), bounded by ``max_sessions``
@@ -140,6 +145,11 @@ class ContextCache:
             tokenizer; pass the LLM's ``count_tokens`` for exact prompt budgets). It must return an
             int >= 0.
         clock: the monotonic clock TTLs are measured with (tests pass one they control).
+        store: a :class:`~gpuprompt.sessions.SessionStore` (``RedisStore``, ``MemoryStore``) that
+            every turn is written through to and sessions are loaded from, so that replicas share
+            them (see :mod:`gpuprompt.sessions`); None keeps sessions in this process only. With a
+            store, ``max_sessions`` and ``ttl_seconds`` bound the in-process copy, the store's
+            ``ttl_s`` a session's life.
 
     Raises:
         ConfigurationError: an option has the wrong type or is out of range.
@@ -154,6 +164,7 @@ class ContextCache:
         max_turns_per_session: int = 1000,
         token_counter: Callable[[str], int] | None = None,
         clock: Callable[[], float] = time.monotonic,
+        store: SessionStore | None = None,
     ) -> None:
         if embedder is not None and not (
             callable(getattr(embedder, "embed_tensor", None)) and callable(getattr(embedder, "aembed_tensor", None))
@@ -167,6 +178,7 @@ class ContextCache:
         if token_counter is not None and not callable(token_counter):
             raise fail("token_counter", "a callable (str) -> int or None", token_counter, error=ConfigurationError)
         check_clock(clock)
+        self._session_store = check_store(store)
         if token_counter is not None:
             try:  # the same probe for the counter: a bad count is a bad option, found now
                 probe = token_counter("probe")
@@ -250,8 +262,8 @@ class ContextCache:
 
         Args:
             session_id: the session, a non-empty str of at most 1024 characters.
-            role: one of ``"system"``, ``"user"``, ``"assistant"`` (a tool result is stored as a
-                ``"user"`` turn, as the chat models send it).
+            role: one of ``"system"``, ``"user"``, ``"assistant"``, ``"tool"`` (a tool result's
+                text; the call it answers is not stored).
             text: the message, a well-formed str.
 
         Returns:
@@ -313,10 +325,10 @@ class ContextCache:
         Everything that can fail (counting tokens, allocating, copying) happens before the first
         change to stored state.
         """
-        import torch
-
         tokens = self._count([text for _, text in pairs])
         now_wall = time.time()
+        if self._session_store is not None:  # the store first: it numbers the turns and acknowledges them
+            return self._write_through(session_id, pairs, tokens, vectors, now_wall)
         with self._lock:
             self._purge_expired()
             session = self._sessions.get(session_id)
@@ -327,6 +339,13 @@ class ContextCache:
                 Turn(role, text, session.next_index + i, now_wall, count)
                 for i, ((role, text), count) in enumerate(zip(pairs, tokens))
             ]
+            return self._commit(session_id, session, fresh, new, vectors)
+
+    def _commit(self, session_id: str, session: _Session, fresh: bool, new: list[Turn], vectors: Any) -> list[Turn]:
+        """Add numbered turns and their rows to ``session`` (registered when ``fresh``); returns ``new``."""
+        import torch
+
+        with self._lock:
             buffer, matrix, start, end = session.turns, session.vectors, session.start, len(session.turns)
             live = end - start
             keep = min(live + len(new), self.max_turns_per_session)
@@ -354,7 +373,7 @@ class ContextCache:
             # Commit: plain assignments and a list extend, none of which can fail.
             buffer.extend(added)
             session.turns, session.vectors, session.start = buffer, matrix, start
-            session.next_index += len(new)
+            session.next_index = new[-1].index + 1
             self._dropped += dropped
             if fresh:
                 self._sessions[session_id] = session
@@ -374,12 +393,16 @@ class ContextCache:
             InvalidInputError: ``session_id`` is empty, too long or not well-formed.
         """
         self._check_session(session_id)
+        self._pull(session_id)
         with self._lock:
             session = self._touch(session_id)
             return session.live() if session is not None else []
 
     def sessions(self) -> list[str]:
-        """The live session ids, least recently used first."""
+        """The live session ids, least recently used first (with a store: the store's, least
+        recently appended to first)."""
+        if self._session_store is not None:
+            return self._session_store.sessions()
         with self._lock:
             self._purge_expired()
             return list(self._sessions)
@@ -437,11 +460,14 @@ class ContextCache:
         check_str(query, "query", allow_none=True)
         budgets = self._check_window_args(max_turns, max_tokens, recent)
         query_vector = None if query is None else (await self.embedder.aembed_tensor([query]))[0]
+        if self._session_store is not None:  # store I/O off the event loop
+            return await asyncio.to_thread(self._select, session_id, query_vector, *budgets)
         return self._select(session_id, query_vector, *budgets)
 
     def _select(
         self, session_id: str, query_vector: Any, max_turns: int, max_tokens: int | None, recent: int | None
     ) -> list[Turn]:
+        self._pull(session_id)
         with self._lock:
             session = self._touch(session_id)
             if session is None or max_turns == 0:
@@ -497,7 +523,8 @@ class ContextCache:
             self._expired += 1
 
     def clear(self, session_id: str | None = None) -> None:
-        """Forget one session, or every session when ``session_id`` is None.
+        """Forget one session, or every session when ``session_id`` is None (with a store: in the
+        store too, so for every replica).
 
         Raises:
             InputTypeError: ``session_id`` is neither None nor a str.
@@ -505,6 +532,10 @@ class ContextCache:
         """
         if session_id is not None:
             self._check_session(session_id)
+        if self._session_store is not None and session_id is None:
+            self._session_store.clear()
+        elif self._session_store is not None:
+            self._session_store.drop(session_id)
         with self._lock:
             if session_id is None:
                 self._sessions.clear()

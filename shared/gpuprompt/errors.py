@@ -7,6 +7,8 @@ Each message says what was wrong, what was got, and how to fix it. The tree::
     │   ├── InputTypeError (TypeError)         an item of the wrong type (None, bytes, bare str, ...)
     │   ├── DimensionMismatchError             vector of the wrong dimension
     │   ├── FilterError                        malformed metadata filter (names the path in it)
+    │   ├── EmbedderMismatchError              vectors of another embedder than an index's (or session's)
+    │   ├── UnsupportedFeatureError            a request field the backend cannot honour (names the field)
     │   └── ContextLengthError                 prompt longer than the model's context window
     ├── ConfigurationError (ValueError)        bad constructor / config option
     ├── DependencyError (ImportError)          optional package missing (names the install command)
@@ -16,7 +18,8 @@ Each message says what was wrong, what was got, and how to fix it. The tree::
     ├── RequestTimeoutError (TimeoutError)     a request took longer than its timeout; it was aborted
     ├── ClosedError                            the batcher / engine / runtime was closed
     ├── EngineError                            the inference backend failed
-    │   └── EngineDeadError                    the backend died; every pending request gets this
+    │   ├── EngineDeadError                    the backend died; every pending request gets this
+    │   └── SessionStoreError                  the session store (Redis) failed, was unreachable or timed out
     ├── DeviceOutOfMemoryError                 the accelerator ran out of memory, even after splitting
     └── SnapshotError                          a saved snapshot is missing, truncated or tampered with
 
@@ -45,6 +48,7 @@ __all__ = [
     "QualityError",
     "QueueFullError",
     "RequestTimeoutError",
+    "SessionStoreError",
     "SnapshotError",
     "UnsupportedFeatureError",
     "describe",
@@ -195,6 +199,11 @@ class EngineError(GPUPromptError):
 
 class EngineDeadError(EngineError):
     """The inference backend died; it cannot serve further requests."""
+
+
+class SessionStoreError(EngineError):
+    """The session store (Redis) failed, was unreachable or did not answer in time. A write that
+    timed out may still be applied by the store later; nothing is retried, so none is applied twice."""
 
 
 class DeviceOutOfMemoryError(GPUPromptError, MemoryError):
