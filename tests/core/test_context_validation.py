@@ -171,10 +171,12 @@ def test_messages_follow_the_template() -> None:
     error = assert_refused(lambda c: c.append("s", ["user"], "x"), InputTypeError, "role")
     assert str(error) == f"'role' must be a str (got {describe(['user'])})."
     error = assert_refused(lambda c: c.append("s", "robot", "x"), InvalidInputError, "role")
-    assert str(error) == "'role' must be one of 'system', 'user', 'assistant' (got 'robot' that is a str)."
-    # One roles definition: a turn the cache accepts always fits a GenerationRequest, so "tool" is
-    # refused here as the LLM refuses it (the adapters send a tool result as a user turn).
-    assert_refused(lambda c: c.append("s", "tool", "x"), InvalidInputError, "role")
+    assert str(error) == "'role' must be one of 'system', 'user', 'assistant', 'tool' (got 'robot' that is a str)."
+    # One roles definition: a turn the cache accepts always fits a GenerationRequest, a tool
+    # result ("tool", its text only) included.
+    cache = ContextCache(StubEmbedder(), clock=TickingClock())
+    cache.append("s", "tool", "42 items in stock")
+    assert [turn.role for turn in cache.turns("s")] == ["tool"]
     error = assert_refused(lambda c: c.window("s", max_turns=True), InvalidInputError, "max_turns")
     assert str(error) == "'max_turns' must be an int >= 0 (got True that is a bool)."
     error = assert_refused(lambda c: c.append("s", "user", SURROGATE), InvalidInputError, "text")
@@ -370,7 +372,7 @@ def test_roles_are_the_llm_roles_and_every_stored_turn_fits_a_request() -> None:
     from gpuprompt.llm import GenerationRequest
     from gpuprompt.llm._types import ROLES
 
-    assert context.ROLES is ROLES == ("system", "user", "assistant")
+    assert context.ROLES is ROLES == ("system", "user", "assistant", "tool")
     cache = ContextCache(StubEmbedder(), clock=TickingClock())
     cache.extend("s", [(role, f"a {role} turn") for role in ROLES])
     GenerationRequest(messages=[turn.as_message() for turn in cache.turns("s")])  # accepted as stored

@@ -14,7 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from gpuprompt.errors import ClosedError, ConfigurationError, ContextLengthError, EngineError, InputTypeError
+from gpuprompt.errors import ClosedError, ContextLengthError, EngineError, InputTypeError
 from gpuprompt.llm import GenerationRequest, LLMEngine, StreamDelta
 
 QUESTIONS = [
@@ -291,32 +291,23 @@ def test_truncate_left_drops_the_oldest_turns(engine: LLMEngine) -> None:
 
 
 # ---------------------------------------------------------------------- structured output
-@pytest.mark.vllm
-def test_structured_output_parses_against_its_schema(vllm_engine: LLMEngine) -> None:
+def test_structured_output_parses_against_its_schema(engine: LLMEngine) -> None:
     schema = {
         "type": "object",
         "properties": {"name": {"type": "string"}, "price": {"type": "number"}, "in_stock": {"type": "boolean"}},
         "required": ["name", "price", "in_stock"],
         "additionalProperties": False,
     }
-    assert vllm_engine.supports_structured_output
+    assert engine.supports_structured_output
     request = chat("Describe one product of a clothing shop as JSON.", max_tokens=64, response_format=schema)
-    [result] = vllm_engine.generate([request])
+    [result] = engine.generate([request])
     data = json.loads(result.text)
     assert set(data) == {"name", "price", "in_stock"}
     assert isinstance(data["name"], str) and isinstance(data["price"], (int, float))
     assert isinstance(data["in_stock"], bool)
     # OpenAI's json_object form: the output is constrained to be a JSON object from its first token.
-    loose = vllm_engine.generate([chat("A product as JSON.", max_tokens=16, response_format={"type": "json_object"})])
+    loose = engine.generate([chat("A product as JSON.", max_tokens=16, response_format={"type": "json_object"})])
     assert loose[0].text.lstrip().startswith("{")
-
-
-def test_response_format_on_transformers_is_a_configuration_error(tf_engine: LLMEngine) -> None:
-    before = tf_engine.stats().requests
-    assert not tf_engine.supports_structured_output
-    with pytest.raises(ConfigurationError, match="backend='vllm'"):
-        tf_engine.generate([chat("JSON please", response_format={"type": "object"})])
-    assert tf_engine.stats().requests == before
 
 
 # ---------------------------------------------------------------------- bad input, lifecycle

@@ -25,6 +25,10 @@ def test_llm_package_all_is_pinned() -> None:
         "LLMEngine",
         "StreamDelta",
         "Timings",
+        "ToolCall",
+        "ToolCallDelta",
+        "ToolChoice",
+        "ToolSpec",
         "Usage",
     ]
 

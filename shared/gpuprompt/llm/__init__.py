@@ -8,6 +8,7 @@ from __future__ import annotations
 from gpuprompt.llm._config import LLMConfig
 from gpuprompt.llm._engine import LLMEngine
 from gpuprompt.llm._policy import CallPolicy
+from gpuprompt.llm._tools import ToolCall, ToolCallDelta, ToolChoice, ToolSpec
 from gpuprompt.llm._types import EngineStats, GenerationRequest, GenerationResult, StreamDelta, Timings, Usage
 
 __all__ = [
@@ -19,5 +20,9 @@ __all__ = [
     "LLMEngine",
     "StreamDelta",
     "Timings",
+    "ToolCall",
+    "ToolCallDelta",
+    "ToolChoice",
+    "ToolSpec",
     "Usage",
 ]

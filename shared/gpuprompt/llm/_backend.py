@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from gpuprompt.llm._config import LLMConfig
 from gpuprompt.llm._job import Job
@@ -29,6 +29,27 @@ class Backend(ABC):
 
     name: ClassVar[str]
     supports_structured_output: ClassVar[bool] = False
+    sampling_fields: ClassVar[frozenset[str]] = frozenset()
+    """The optional GenerationRequest sampling fields this backend honours (beyond temperature,
+    top_p, seed and stop, which every backend honours)."""
+    guided_kinds: ClassVar[frozenset[str]] = frozenset()
+    """The guided-decoding kinds it honours: ``json``, ``json_object``, ``regex``, ``choice``."""
+
+    @property
+    def capabilities(self) -> dict[str, Any]:
+        """What this backend honours (for profiles and docs)."""
+        return {
+            "backend": self.name,
+            "sampling": sorted({"temperature", "top_p", "seed", "stop", "max_tokens"} | self.sampling_fields),
+            "guided": sorted(self.guided_kinds),
+            "tools": "json" in self.guided_kinds,
+            "structured_output": self.supports_structured_output,
+            "prefix_cache": False,
+        }
+
+    def check(self, prepared: Any) -> None:
+        """Refuse, before it is queued, a prepared request this backend cannot run as asked (an
+        invalid constraint, a token id outside the vocabulary). The default accepts everything."""
 
     def __init__(self, config: LLMConfig, model_path: str, context_window: int, device: str) -> None:
         self.config = config

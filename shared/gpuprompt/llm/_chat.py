@@ -1,9 +1,11 @@
-"""Prompt preparation shared by every backend: chat template, token counts, context-window checks
-and left truncation (drop the oldest turns, keep the system message(s) and the last turn).
+"""Prompt preparation shared by every backend: chat template (tools included), token counts,
+context-window checks and left truncation (drop the oldest turns, keep the system message(s) and
+the last turn, never part of a tool-call exchange).
 """
 
 from __future__ import annotations
 
+import functools
 import threading
 import uuid
 from collections.abc import Mapping, Sequence
@@ -11,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpuprompt.errors import ContextLengthError, InputTypeError, InvalidInputError, describe
+from gpuprompt.llm._tool_format import ToolPlan, build_chat, plan_tools, template_supports_tools
 from gpuprompt.llm._types import GenerationRequest
 
 __all__ = ["ChatFormatter", "Prepared"]
@@ -26,6 +29,9 @@ class Prepared:
         token_ids: the prompt's token ids, as the backend will see them.
         max_tokens: the request's ``max_tokens`` capped by the room left in the window.
         dropped_messages: messages removed by ``truncate="left"`` (tokens, for a raw prompt).
+        tool_plan: how tools are constrained and parsed (None: no tools bound).
+        guided: the constraint the backend applies: the request's own, or the tool calls' schema
+            (``{"json": ...}``); None when unconstrained.
     """
 
     request: GenerationRequest
@@ -33,6 +39,8 @@ class Prepared:
     token_ids: list[int]
     max_tokens: int
     dropped_messages: int = 0
+    tool_plan: ToolPlan | None = None
+    guided: Mapping[str, Any] | None = None
 
     @property
     def prompt_tokens(self) -> int:
@@ -62,13 +70,43 @@ class ChatFormatter:
         return f"<ChatFormatter {self.model_name!r} context_window={self.context_window}>"
 
     # ------------------------------------------------------------------ encoding
-    def render(self, messages: Sequence[Mapping[str, str]]) -> str:
-        """The chat template applied to ``messages``, with the assistant's generation prompt."""
+    @functools.cached_property
+    def native_tools(self) -> bool:
+        """Whether the model's chat template renders ``tools=`` itself (read once)."""
+        return template_supports_tools(self.tokenizer)
+
+    def _tool_role(self) -> bool:
+        """Whether the template accepts ``tool`` turns (checked once)."""
+        known = getattr(self, "_tool_role_ok", None)
+        if known is None:
+            try:
+                with self._lock:
+                    self.tokenizer.apply_chat_template(
+                        [{"role": "user", "content": "q"}, {"role": "tool", "content": "r"}], tokenize=False
+                    )
+                known = True
+            except Exception:  # noqa: BLE001 - any template error means: no tool role
+                known = False
+            self._tool_role_ok = known
+        return known
+
+    def plan(self, request: GenerationRequest) -> ToolPlan | None:
+        """The request's tool plan under this model's template (None without tools)."""
+        return plan_tools(request, self.native_tools)
+
+    def render(self, messages: Sequence[Mapping[str, Any]], plan: ToolPlan | None = None) -> str:
+        """The chat template applied to ``messages`` (and the tools of ``plan``), with the
+        assistant's generation prompt."""
+        has_tool_turns = any(m["role"] == "tool" or m.get("tool_calls") for m in messages)
+        if plan is not None or has_tool_turns:
+            native = self.native_tools
+            chat, tools = build_chat(messages, plan, native=native, tool_role=native or self._tool_role())
+        else:
+            chat, tools = [dict(m) for m in messages], None
+        extra: dict[str, Any] = {"tools": tools} if tools is not None else {}
         try:
             with self._lock:
-                return self.tokenizer.apply_chat_template(
-                    [dict(m) for m in messages], tokenize=False, add_generation_prompt=True
-                )
+                return self.tokenizer.apply_chat_template(chat, tokenize=False, add_generation_prompt=True, **extra)
         except Exception as exc:  # jinja templates raise their own errors (e.g. unsupported roles)
             if getattr(self.tokenizer, "chat_template", None) is None:
                 raise InvalidInputError(
@@ -79,9 +117,9 @@ class ChatFormatter:
                 f"the chat template of {self.model_name!r} rejected these messages: {exc}."
             ) from exc
 
-    def encode_chat(self, messages: Sequence[Mapping[str, str]]) -> list[int]:
+    def encode_chat(self, messages: Sequence[Mapping[str, Any]], plan: ToolPlan | None = None) -> list[int]:
         """Token ids of the rendered chat (the template holds the special tokens already)."""
-        text = self.render(messages)
+        text = self.render(messages, plan)
         with self._lock:
             return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
 
@@ -90,13 +128,18 @@ class ChatFormatter:
         with self._lock:
             return list(self.tokenizer(prompt, add_special_tokens=True)["input_ids"])
 
-    def count(self, messages_or_prompt: str | Sequence[Mapping[str, str]]) -> int:
-        """Tokens of a raw prompt (str) or of chat messages with the template applied.
+    def count(
+        self, messages_or_prompt: str | Sequence[Mapping[str, Any]] | GenerationRequest, *, tools: Any = None
+    ) -> int:
+        """Tokens of a raw prompt (str), of chat messages with the template applied (and the
+        ``tools`` rendered into it), or of a whole GenerationRequest.
 
         Raises:
             InputTypeError: neither a str nor a list of message dicts.
         """
         if isinstance(messages_or_prompt, str):
+            if tools:
+                raise InvalidInputError("'tools' need chat messages (got a raw prompt str).")
             return len(self.encode_prompt(messages_or_prompt))
         if isinstance(messages_or_prompt, GenerationRequest):
             return len(self._encode(messages_or_prompt))
@@ -104,12 +147,12 @@ class ChatFormatter:
             raise InputTypeError(
                 f"'messages_or_prompt' must be a str or a list of message dicts (got {describe(messages_or_prompt)})."
             )
-        request = GenerationRequest(messages=messages_or_prompt)
+        request = GenerationRequest(messages=messages_or_prompt, tools=tools or ())
         return len(self._encode(request))
 
-    def _encode(self, request: GenerationRequest) -> list[int]:
+    def _encode(self, request: GenerationRequest, plan: ToolPlan | None = None) -> list[int]:
         if request.messages is not None:
-            return self.encode_chat(request.messages)
+            return self.encode_chat(request.messages, plan if plan is not None else self.plan(request))
         assert request.prompt is not None
         return self.encode_prompt(request.prompt)
 
@@ -130,7 +173,8 @@ class ChatFormatter:
             raise InputTypeError(f"'request' must be a GenerationRequest (got {describe(request)}).")
         window = self.context_window
         limit = window - 1
-        ids = self._encode(request)
+        plan = self.plan(request)
+        ids = self._encode(request, plan)
         if not ids:
             raise InvalidInputError("'prompt' must not be empty (got '' that is a str); pass some text.")
         dropped = 0
@@ -138,7 +182,7 @@ class ChatFormatter:
             target = max(1, window - request.max_tokens)
             if len(ids) > target:
                 if request.messages is not None:
-                    ids, dropped = self._truncate_messages(request.messages, target)
+                    ids, dropped = self._truncate_messages(request.messages, target, plan)
                 else:
                     dropped = len(ids) - target
                     ids = ids[-target:]
@@ -156,9 +200,12 @@ class ChatFormatter:
             )
         request_id = request.request_id or uuid.uuid4().hex
         max_tokens = min(request.max_tokens, window - len(ids))
-        return Prepared(request, request_id, ids, max_tokens, dropped)
+        guided = request.guided if plan is None or plan.kind != "json" else plan.guided
+        return Prepared(request, request_id, ids, max_tokens, dropped, plan, guided)
 
-    def _truncate_messages(self, messages: Sequence[Mapping[str, str]], target: int) -> tuple[list[int], int]:
+    def _truncate_messages(
+        self, messages: Sequence[Mapping[str, Any]], target: int, plan: ToolPlan | None = None
+    ) -> tuple[list[int], int]:
         """Drop the fewest oldest turns so the rendered chat takes at most ``target`` tokens.
 
         Returns the token ids and the number of messages dropped; when even the smallest keepable
@@ -170,9 +217,10 @@ class ChatFormatter:
 
         def kept(k: int) -> list[Mapping[str, str]]:
             gone = set(droppable[:k])
-            # History should restart on a user turn, not on an orphaned assistant reply.
+            # History should restart on a user turn, not on an orphaned assistant reply or tool
+            # result (so an assistant's tool calls and their results go together).
             for i in droppable[k:]:
-                if messages[i]["role"] == "assistant":
+                if messages[i]["role"] in ("assistant", "tool"):
                     gone.add(i)
                 else:
                     break
@@ -184,7 +232,7 @@ class ChatFormatter:
         while low <= high:
             mid = (low + high) // 2
             chat = kept(mid)
-            ids = self.encode_chat(chat)
+            ids = self.encode_chat(chat, plan)
             if len(ids) <= target:
                 best = (ids, len(messages) - len(chat))
                 high = mid - 1
@@ -193,4 +241,4 @@ class ChatFormatter:
         if best is not None:
             return best
         chat = kept(len(droppable))
-        return self.encode_chat(chat), len(messages) - len(chat)
+        return self.encode_chat(chat, plan), len(messages) - len(chat)

@@ -20,6 +20,7 @@ from gpuprompt.errors import (
     InputTypeError,
     ModelLoadError,
     RequestTimeoutError,
+    UnsupportedFeatureError,
     describe,
 )
 from gpuprompt.llm._backend import Backend
@@ -125,6 +126,23 @@ class LLMEngine:
     def supports_structured_output(self) -> bool:
         """Whether ``response_format`` works on this engine's backend (loads the engine)."""
         return self.load()._backend_or_raise().supports_structured_output
+
+    @property
+    def supports_tools(self) -> bool:
+        """Whether ``tools`` work on this engine's backend (constrained tool calls; loads the engine)."""
+        return bool(self.load()._backend_or_raise().capabilities["tools"])
+
+    @property
+    def capabilities(self) -> dict[str, Any]:
+        """What the backend honours: ``sampling`` fields, ``guided`` kinds (``json``,
+        ``json_object``, ``regex``, ``choice``), ``tools``, ``structured_output``, ``prefix_cache``
+        (whether ``Usage.cached_tokens`` can be non-zero), ``native_tool_template`` (the model's
+        chat template renders tools itself) and ``context_window`` (loads the engine)."""
+        capabilities = dict(self.load()._backend_or_raise().capabilities)
+        formatter = self._ensure_formatter()
+        capabilities["native_tool_template"] = formatter.native_tools
+        capabilities["context_window"] = formatter.context_window
+        return capabilities
 
     @property
     def device(self) -> str:
@@ -235,15 +253,18 @@ class LLMEngine:
             raise ClosedError("this LLMEngine was closed; create a new one (or ask get_runtime().llm()).")
 
     # ------------------------------------------------------------------ tokens
-    def count_tokens(self, messages_or_prompt: str | Sequence[Mapping[str, str]]) -> int:
+    def count_tokens(
+        self, messages_or_prompt: str | Sequence[Mapping[str, Any]] | GenerationRequest, *, tools: Any = None
+    ) -> int:
         """Count tokens as the engine will: a raw prompt as is, chat messages with the model's chat
-        template and the generation prompt applied. Loads only the tokenizer.
+        template and the generation prompt applied (with ``tools`` rendered in, as a request with
+        those tools would be), or a whole GenerationRequest. Loads only the tokenizer.
 
         Raises:
             InputTypeError: neither a str nor a list of message dicts.
-            InvalidInputError: a message is malformed.
+            InvalidInputError: a message or tool is malformed.
         """
-        return self._ensure_formatter().count(messages_or_prompt)
+        return self._ensure_formatter().count(messages_or_prompt, tools=tools)
 
     def _prepare(self, request: Any) -> Prepared:
         if not isinstance(request, GenerationRequest):
@@ -253,12 +274,10 @@ class LLMEngine:
             )
         self.load()
         backend = self._backend_or_raise()
-        if request.guided is not None and not backend.supports_structured_output:
-            raise ConfigurationError(
-                f"'response_format' needs guided decoding, which the {backend.name!r} backend does not do; "
-                "use backend='vllm' (pip install 'gpuprompt[gpu]' or 'gpuprompt[cpu]'), or drop response_format."
-            )
-        return self._ensure_formatter().prepare(request)
+        _check_supported(request, backend)
+        prepared = self._ensure_formatter().prepare(request)
+        backend.check(prepared)
+        return prepared
 
     async def _aprepare(self, request: Any) -> Prepared:
         await self.aload()
@@ -342,7 +361,7 @@ class LLMEngine:
         Raises:
             InputTypeError: ``requests`` is not a list of GenerationRequest.
             ContextLengthError: a prompt does not fit the context window (and ``truncate="error"``).
-            ConfigurationError: ``response_format`` on a backend without guided decoding.
+            UnsupportedFeatureError: a field the backend cannot honour (named in ``.field``).
             EngineError: the backend failed (the other requests are cancelled).
             RequestTimeoutError: a request took longer than ``timeout``.
         """
@@ -403,7 +422,7 @@ class LLMEngine:
         Raises:
             InputTypeError: ``request`` is not a GenerationRequest.
             ContextLengthError: the prompt does not fit the context window.
-            ConfigurationError: ``response_format`` on a backend without guided decoding.
+            UnsupportedFeatureError: a field the backend cannot honour (named in ``.field``).
             EngineError: the backend failed.
             RequestTimeoutError: the request took longer than ``timeout``.
         """
@@ -526,10 +545,47 @@ class LLMEngine:
         self.close()
 
 
+_SAMPLING_DEFAULTS = {
+    "top_k": 0,
+    "min_p": 0.0,
+    "presence_penalty": 0.0,
+    "frequency_penalty": 0.0,
+    "repetition_penalty": 1.0,
+    "logit_bias": None,
+}
+_GUIDED_FIELDS = {"json": "response_format", "json_object": "response_format", "regex": "guided_regex",
+                  "choice": "guided_choice"}
+
+
+def _check_supported(request: GenerationRequest, backend: Backend) -> None:
+    """Refuse a non-default field the backend cannot honour (never ignore it silently)."""
+    for name, default in _SAMPLING_DEFAULTS.items():
+        if getattr(request, name) != default and name not in backend.sampling_fields:
+            raise UnsupportedFeatureError(
+                f"'{name}' is not supported by the {backend.name!r} backend (got {describe(getattr(request, name))}); "
+                f"leave it at its default ({default!r}) or use a backend that honours it.",
+                field=name,
+                backend=backend.name,
+            )
+    kinds = []
+    if request.guided is not None:
+        kinds.append((next(iter(request.guided)), _GUIDED_FIELDS[next(iter(request.guided))]))
+    if request.tools and request.tool_choice != "none":
+        kinds.append(("json", "tools"))
+    for kind, name in kinds:
+        if kind not in backend.guided_kinds:
+            raise UnsupportedFeatureError(
+                f"'{name}' needs guided decoding ({kind}), which the {backend.name!r} backend does not do; "
+                f"drop '{name}' or use a backend that honours it.",
+                field=name,
+                backend=backend.name,
+            )
+
+
 def _to_delta(event: Text | End | Failure) -> StreamDelta:
     """One stream event as a delta: text, or the last delta (finish reason and usage); a failure raises."""
     if isinstance(event, Text):
-        return StreamDelta(event.text)
+        return StreamDelta(event.text, tool_calls=event.tool_calls)
     if isinstance(event, End):
         return StreamDelta("", finish_reason=event.result.finish_reason, usage=event.result.usage)
     raise event.error
@@ -555,5 +611,5 @@ def _timed_out(timeout: float | None) -> RequestTimeoutError:
 def _size(request: GenerationRequest) -> int:
     if request.prompt is not None:
         return len(request.prompt)
-    return sum(len(m["content"]) for m in request.messages or ())
+    return sum(len(m["content"]) for m in request.messages or ()) + 512 * len(request.tools)
 

@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpuprompt.llm._chat import Prepared
+from gpuprompt.llm._tool_format import ToolOutputParser
+from gpuprompt.llm._tools import ToolCallDelta
 from gpuprompt.llm._types import GenerationResult, Timings, Usage
 
 __all__ = ["End", "Failure", "Job", "Text"]
@@ -23,9 +25,10 @@ __all__ = ["End", "Failure", "Job", "Text"]
 
 @dataclass(frozen=True)
 class Text:
-    """New generated text."""
+    """New generated text (prose, when tools are in play) and new tool-call pieces."""
 
     text: str
+    tool_calls: tuple[ToolCallDelta, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -74,6 +77,9 @@ class Job:
         self._pieces: list[str] = []
         self._ended = False
         self._cancel_hook: Callable[[], None] | None = None
+        # With tools in play the model's raw text is parsed into prose and tool calls as it comes.
+        plan = prepared.tool_plan
+        self._parser = ToolOutputParser(plan) if plan is not None and plan.kind != "off" else None
         self.backend_state: Any = None  # whatever the backend needs to find this job again
 
     def __repr__(self) -> str:
@@ -111,21 +117,34 @@ class Job:
             if self._ended:
                 return
             self._pieces.append(text)
-            self._post(Text(text))
+            if self._parser is None:
+                self._post(Text(text))
+                return
+            prose, calls = self._parser.feed(text)
+            if prose or calls:
+                self._post(Text(prose, calls))
 
-    def finish(self, finish_reason: str, completion_tokens: int) -> bool:
+    def finish(self, finish_reason: str, completion_tokens: int, cached_tokens: int = 0) -> bool:
         """End the job with a result; False when it had already ended."""
         with self._cond:
             if self._ended:
                 return False
+            text, tool_calls = "".join(self._pieces), ()
+            if self._parser is not None:
+                prose, calls = self._parser.finish()
+                if prose or calls:
+                    self._post(Text(prose, calls))
+                text, tool_calls = self._parser.text, tuple(self._parser.calls)
+                if tool_calls and finish_reason != "abort":
+                    finish_reason = "tool_calls"
             now = time.monotonic()
             started = self.started_at if self.started_at is not None else now
             first = self.first_token_at if self.first_token_at is not None else now
             prompt_tokens = self.prepared.prompt_tokens
             result = GenerationResult(
-                text="".join(self._pieces),
+                text=text,
                 finish_reason=finish_reason,
-                usage=Usage(prompt_tokens, completion_tokens, prompt_tokens + completion_tokens),
+                usage=Usage(prompt_tokens, completion_tokens, prompt_tokens + completion_tokens, cached_tokens),
                 timings=Timings(
                     queued_s=max(0.0, started - self.submitted_at),
                     ttft_s=max(0.0, first - self.submitted_at),
@@ -133,6 +152,7 @@ class Job:
                 ),
                 model=self.model,
                 request_id=self.request_id,
+                tool_calls=tool_calls,
             )
             event = End(result)
             self._ended = True

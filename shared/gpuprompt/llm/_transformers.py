@@ -26,9 +26,11 @@ from gpuprompt.errors import (
     EngineDeadError,
     EngineError,
     GPUPromptError,
+    InvalidInputError,
     ModelLoadError,
 )
 from gpuprompt.llm._backend import Backend
+from gpuprompt.llm._guided import GrammarCache, GuidedProcessor, PenaltyProcessor
 from gpuprompt.llm._job import Job
 from gpuprompt._device import default_dtype
 
@@ -123,13 +125,18 @@ class _RowTracker:
 class TransformersBackend(Backend):
     """Left-padded batched ``model.generate`` behind a :class:`~gpuprompt.batching.MicroBatcher`.
 
-    Requests in one batch with different sampling settings run as separate ``generate`` calls
-    (greedy requests always share one). No structured output: requests with a
-    ``response_format`` are refused before they are queued.
+    Requests in one batch with different sampling settings (temperature, top_p, top_k, min_p,
+    seed) run as separate ``generate`` calls (greedy requests always share one). Guided decoding
+    (xgrammar, see :mod:`gpuprompt.llm._guided`) and the penalties / ``logit_bias`` are per-row
+    logits processors, so constrained and free rows share a batch.
     """
 
     name: ClassVar[str] = "transformers"
-    supports_structured_output: ClassVar[bool] = False
+    supports_structured_output: ClassVar[bool] = True
+    sampling_fields: ClassVar[frozenset[str]] = frozenset(
+        {"top_k", "min_p", "presence_penalty", "frequency_penalty", "repetition_penalty", "logit_bias"}
+    )
+    guided_kinds: ClassVar[frozenset[str]] = frozenset({"json", "json_object", "regex", "choice"})
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -143,6 +150,9 @@ class TransformersBackend(Backend):
         self._closed = False
         self._dead: BaseException | None = None
         self._pending: dict[asyncio.AbstractEventLoop, list[Job]] = {}
+        self._vocab_size = 0
+        self._grammars: GrammarCache | None = None
+        self._grammars_lock = threading.Lock()
 
     # ------------------------------------------------------------------ start
     def start(self) -> None:
@@ -174,6 +184,8 @@ class TransformersBackend(Backend):
         self._pad = int(pad) if pad is not None else min(eos)
         self._eos = frozenset(eos)
         self._tokenizer, self._model = tokenizer, model
+        embeddings = model.get_output_embeddings()
+        self._vocab_size = int(embeddings.weight.shape[0]) if embeddings is not None else int(model.config.vocab_size)
         cfg = self.config
         self._batcher = MicroBatcher(
             self._run_batch,
@@ -189,6 +201,28 @@ class TransformersBackend(Backend):
             isolate_failures=False,
         )
         logger.info("transformers LLM backend loaded %s on %s (%s)", self.model_path, self.device, dtype)
+
+    # ------------------------------------------------------------------ guided decoding
+    def _grammar_cache(self) -> GrammarCache:
+        if self._grammars is None:
+            with self._grammars_lock:
+                if self._grammars is None:
+                    self._grammars = GrammarCache(self._tokenizer, self._vocab_size, sorted(self._eos))
+        return self._grammars
+
+    def check(self, prepared: Any) -> None:
+        """Compile the request's constraint now (cached), so a bad one fails at the caller's line,
+        and refuse ``logit_bias`` ids outside the vocabulary."""
+        bias = prepared.request.logit_bias
+        if bias:
+            bad = [token for token in bias if token >= self._vocab_size]
+            if bad:
+                raise InvalidInputError(
+                    f"'logit_bias' keys must be token ids below the vocabulary size {self._vocab_size} "
+                    f"(got {bad[:5]})."
+                )
+        if prepared.guided is not None:
+            self._grammar_cache().compile(prepared.guided)
 
     # ------------------------------------------------------------------ submission
     def _check_open(self) -> MicroBatcher[Job, None]:
@@ -278,7 +312,9 @@ class TransformersBackend(Backend):
         for job in jobs:
             request = job.prepared.request
             key: tuple[Any, ...] = (
-                ("greedy",) if request.temperature == 0 else ("sample", request.temperature, request.top_p, request.seed)
+                ("greedy",)
+                if request.temperature == 0
+                else ("sample", request.temperature, request.top_p, request.top_k, request.min_p, request.seed)
             )
             groups.setdefault(key, []).append(job)
         started = time.monotonic()
@@ -326,7 +362,7 @@ class TransformersBackend(Backend):
 
     def _generate(self, jobs: list[Job]) -> None:
         import torch
-        from transformers import GenerationConfig, StoppingCriteriaList
+        from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteriaList
 
         prompts = [job.prepared.token_ids for job in jobs]
         width = max(len(p) for p in prompts)
@@ -350,13 +386,27 @@ class TransformersBackend(Backend):
             "eos_token_id": sorted(self._eos),
         }
         if sampling:
-            options.update(temperature=request.temperature, top_p=request.top_p, top_k=0)
+            options.update(temperature=request.temperature, top_p=request.top_p, top_k=request.top_k)
+            if request.min_p > 0:
+                options["min_p"] = request.min_p
         config = GenerationConfig(**options)
+        processors = LogitsProcessorList()
+        if any(PenaltyProcessor.wanted(job.prepared.request) for job in jobs):
+            processors.append(PenaltyProcessor(rows))
+        if any(job.prepared.guided is not None for job in jobs):
+            # The grammar mask runs after the penalties and before temperature / top-k / top-p.
+            cache = self._grammar_cache()
+            matchers = [
+                None if job.prepared.guided is None else cache.matcher(cache.compile(job.prepared.guided))
+                for job in jobs
+            ]
+            processors.append(GuidedProcessor(rows, matchers, cache))
         with torch.inference_mode(), self._seeded(request.seed if sampling else None):
             self._model.generate(
                 input_ids=input_ids.to(self.device),
                 attention_mask=attention.to(self.device),
                 generation_config=config,
+                logits_processor=processors,
                 stopping_criteria=StoppingCriteriaList([tracker]),
             )
         tracker.finalize()

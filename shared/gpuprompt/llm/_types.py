@@ -7,15 +7,37 @@ line with a message that names the field, before anything is queued.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from gpuprompt._validate import INT64_MAX, INT64_MIN, check_int, check_json, check_str, check_text
+from gpuprompt._validate import (
+    INT64_MAX,
+    INT64_MIN,
+    check_bool,
+    check_int,
+    check_json,
+    check_number,
+    check_str,
+    check_text,
+    fail,
+)
 from gpuprompt.batching import check_priority
 from gpuprompt.errors import InputTypeError, InvalidInputError, describe
+from gpuprompt.llm._tools import (
+    ROLES,
+    ToolCall,
+    ToolCallDelta,
+    ToolChoice,
+    ToolSpec,
+    check_messages,
+    check_tool_choice,
+    check_tools,
+)
 
 __all__ = [
+    "ROLES",
     "EngineStats",
     "FinishReason",
     "GenerationRequest",
@@ -23,19 +45,19 @@ __all__ = [
     "StreamDelta",
     "Timings",
     "Usage",
-    "ROLES",
 ]
 
-FinishReason = Literal["stop", "length", "abort"]
-"""Why generation ended: a stop string or end-of-sequence token, the token budget, or a cancel."""
+FinishReason = Literal["stop", "length", "abort", "tool_calls"]
+"""Why generation ended: a stop string or end-of-sequence token, the token budget, a cancel, or
+the model called tools."""
 
 MAX_TOKENS_LIMIT = 2**31 - 1
 """The largest ``max_tokens`` accepted (the context window caps it further)."""
 
-ROLES = ("system", "user", "assistant")
-"""The chat roles a message may carry: the one definition, also the roles a stored
-:class:`~gpuprompt.ContextCache` turn may carry (a turn the cache accepts always fits a request).
-Tool results travel as ``"user"`` turns in every adapter until the core models tool calls."""
+MAX_LOGIT_BIAS = 4096
+"""Most entries in ``logit_bias``."""
+MAX_CHOICES = 4096
+"""Most options in ``guided_choice``."""
 
 
 @dataclass(frozen=True)
@@ -46,11 +68,14 @@ class Usage:
         prompt_tokens: tokens of the rendered prompt (chat template applied, after truncation).
         completion_tokens: tokens the model generated, the end-of-sequence token included.
         total_tokens: their sum.
+        cached_tokens: prompt tokens served from the prefix cache (vLLM's ``num_cached_tokens``;
+            always 0 on transformers, which keeps no prefix cache).
     """
 
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
+    cached_tokens: int = 0
 
 
 @dataclass(frozen=True)
@@ -75,11 +100,14 @@ class GenerationResult:
     Attributes:
         text: the generated text (a matched stop string is not included).
         finish_reason: ``"stop"`` (stop string or end of sequence), ``"length"`` (``max_tokens`` or
-            the context window reached) or ``"abort"`` (cancelled).
+            the context window reached), ``"abort"`` (cancelled) or ``"tool_calls"`` (the reply
+            is tool calls).
         usage: token counts.
         timings: queue wait, time to first token, total time.
         model: the engine's model name.
         request_id: the request's id (the caller's, or a generated one).
+        tool_calls: the tool calls of the reply (then ``text`` holds only the prose besides them,
+            often ``""``).
     """
 
     text: str
@@ -88,6 +116,7 @@ class GenerationResult:
     timings: Timings
     model: str
     request_id: str
+    tool_calls: tuple[ToolCall, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -98,11 +127,14 @@ class StreamDelta:
         text: new text since the previous delta (may be empty on the last delta).
         finish_reason: None until the last delta.
         usage: None until the last delta.
+        tool_calls: pieces of tool calls (the first delta of an index carries its id and name;
+            the ``arguments`` fragments of an index concatenate to the call's JSON arguments).
     """
 
     text: str
     finish_reason: str | None = None
     usage: Usage | None = None
+    tool_calls: tuple[ToolCallDelta, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -165,7 +197,7 @@ def _normalize_response_format(value: Any) -> Mapping[str, Any] | None:
 
 @dataclass(frozen=True, kw_only=True)
 class GenerationRequest:
-    """One generation: chat ``messages`` or a raw ``prompt``, plus sampling options.
+    """One generation: chat ``messages`` or a raw ``prompt``, plus sampling, tools and constraints.
 
     Example:
         >>> GenerationRequest(messages=[{"role": "user", "content": "Hi!"}], max_tokens=16)
@@ -173,21 +205,37 @@ class GenerationRequest:
         GenerationRequest(messages=({'role': 'user', 'content': 'Hi!'},), prompt=None, max_tokens=16, ...)
 
     Attributes:
-        messages: chat turns ``{"role": "system" | "user" | "assistant", "content": str}``; the
-            model's chat template is applied and a generation prompt added.
+        messages: chat turns ``{"role": "system" | "user" | "assistant" | "tool", "content": str}``;
+            an assistant turn may carry ``"tool_calls"`` (OpenAI tool-call dicts or
+            :class:`ToolCall`; its content may then be None), a tool turn ``"tool_call_id"`` and
+            ``"name"``. The model's chat template is applied and a generation prompt added.
         prompt: a raw prompt, sent as is (no template). Exactly one of ``messages`` / ``prompt``.
         max_tokens: most new tokens (also capped by the room left in the context window).
         temperature: 0 for greedy decoding; higher samples more freely.
         top_p: nucleus sampling mass (used when ``temperature > 0``).
+        top_k: sample among the ``top_k`` likeliest tokens (0: off; used when ``temperature > 0``).
+        min_p: drop tokens less likely than ``min_p`` times the likeliest (0: off).
+        presence_penalty: subtracted from the logit of every token already generated, in [-2, 2].
+        frequency_penalty: subtracted once per earlier occurrence in the output, in [-2, 2].
+        repetition_penalty: > 1 discourages tokens of the prompt and output (1: off).
+        logit_bias: token id -> bias in [-100, 100] added to its logit.
         seed: a sampling seed for reproducible sampled output.
         stop: strings that end generation; the matched string is not part of the text. A bare str
             counts as one stop string.
         priority: lower is served first when the engine is busy.
         response_format: a JSON schema (or OpenAI's ``{"type": "json_schema", ...}`` /
-            ``{"type": "json_object"}``) to constrain the output (guided decoding; vLLM backend).
+            ``{"type": "json_object"}``) to constrain the output (guided decoding).
+        guided_regex: constrain the output to match this regular expression.
+        guided_choice: constrain the output to exactly one of these strings.
+        tools: tools the model may call (:class:`ToolSpec` or OpenAI tool dicts); chat only.
+        tool_choice: ``"auto"`` (prose or calls), ``"required"`` (at least one call), ``"none"``
+            (no call), or a tool's name / ``{"type": "function", "function": {"name": ...}}``
+            (a call of that tool).
+        parallel_tool_calls: allow several calls in one reply (False: at most one).
         truncate: ``"error"`` raises ``ContextLengthError`` when the prompt does not fit;
-            ``"left"`` drops the oldest turns (keeping system messages and the last turn) or, for
-            a raw prompt, its oldest tokens.
+            ``"left"`` drops the oldest turns (keeping system messages and the last turn, and an
+            assistant's tool calls together with their results) or, for a raw prompt, its oldest
+            tokens.
         request_id: an id to find the request in logs; generated when None.
 
     Raises:
@@ -195,15 +243,26 @@ class GenerationRequest:
         InputTypeError: a field has the wrong type.
     """
 
-    messages: Sequence[Mapping[str, str]] | None = None
+    messages: Sequence[Mapping[str, Any]] | None = None
     prompt: str | None = None
     max_tokens: int = 256
     temperature: float = 0.0
     top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    logit_bias: Mapping[int, float] | None = None
     seed: int | None = None
     stop: Sequence[str] = ()
     priority: int = 0
     response_format: Mapping[str, Any] | None = None
+    guided_regex: str | None = None
+    guided_choice: Sequence[str] | None = None
+    tools: Sequence[ToolSpec | Mapping[str, Any]] = ()
+    tool_choice: ToolChoice = "auto"
+    parallel_tool_calls: bool = True
     truncate: Literal["error", "left"] = "error"
     request_id: str | None = None
     _guided: Mapping[str, Any] | None = field(default=None, init=False, repr=False, compare=False)
@@ -216,12 +275,20 @@ class GenerationRequest:
             )
         check_str(self.prompt, "prompt", allow_none=True)
         if self.messages is not None:
-            object.__setattr__(self, "messages", _check_messages(self.messages))
-        object.__setattr__(self, "max_tokens", check_int(self.max_tokens, "max_tokens", min=1, max=MAX_TOKENS_LIMIT))
-        object.__setattr__(self, "temperature", _number("temperature", self.temperature, low=0.0, high=100.0))
-        object.__setattr__(self, "top_p", _number("top_p", self.top_p, low=0.0, high=1.0, low_open=True))
+            object.__setattr__(self, "messages", check_messages(self.messages))
+        set_ = object.__setattr__
+        set_(self, "max_tokens", check_int(self.max_tokens, "max_tokens", min=1, max=MAX_TOKENS_LIMIT))
+        set_(self, "temperature", _number("temperature", self.temperature, low=0.0, high=100.0))
+        set_(self, "top_p", _number("top_p", self.top_p, low=0.0, high=1.0, low_open=True))
+        set_(self, "top_k", check_int(self.top_k, "top_k", min=0, max=MAX_TOKENS_LIMIT))
+        set_(self, "min_p", check_number(self.min_p, "min_p", min=0.0, max=1.0))
+        set_(self, "presence_penalty", check_number(self.presence_penalty, "presence_penalty", min=-2.0, max=2.0))
+        set_(self, "frequency_penalty", check_number(self.frequency_penalty, "frequency_penalty", min=-2.0, max=2.0))
+        set_(self, "repetition_penalty", _number("repetition_penalty", self.repetition_penalty, low=0.0, high=100.0,
+                                                 low_open=True))
+        set_(self, "logit_bias", _check_logit_bias(self.logit_bias))
         # int64, as vLLM's OpenAI server and torch's generators take it.
-        object.__setattr__(self, "seed", check_int(self.seed, "seed", min=INT64_MIN, max=INT64_MAX, allow_none=True))
+        set_(self, "seed", check_int(self.seed, "seed", min=INT64_MIN, max=INT64_MAX, allow_none=True))
         stop = self.stop
         if isinstance(stop, str):
             stop = (stop,)
@@ -233,42 +300,89 @@ class GenerationRequest:
             if not isinstance(item, str) or not item:
                 raise InvalidInputError(f"'stop[{index}]' must be a non-empty str (got {describe(item)}).")
             check_text(item, f"stop[{index}]")
-        object.__setattr__(self, "stop", tuple(stop))
-        object.__setattr__(self, "priority", check_priority(self.priority))
+        set_(self, "stop", tuple(stop))
+        set_(self, "priority", check_priority(self.priority))
         if not isinstance(self.truncate, str) or self.truncate not in ("error", "left"):
             raise InvalidInputError(f"'truncate' must be 'error' or 'left' (got {describe(self.truncate)}).")
         if self.request_id is not None and (not isinstance(self.request_id, str) or not self.request_id):
             raise InvalidInputError(f"'request_id' must be None or a non-empty str (got {describe(self.request_id)}).")
         check_str(self.request_id, "request_id", allow_none=True)
-        object.__setattr__(self, "_guided", _normalize_response_format(self.response_format))
+        tools = check_tools(self.tools)
+        set_(self, "tools", tools)
+        set_(self, "tool_choice", check_tool_choice(self.tool_choice, tools))
+        set_(self, "parallel_tool_calls", check_bool(self.parallel_tool_calls, "parallel_tool_calls"))
+        if tools and self.messages is None:
+            raise InvalidInputError("'tools' need chat 'messages' (got a raw 'prompt'); send the turns as messages.")
+        guided = [g for g in (
+            _normalize_response_format(self.response_format),
+            _normalize_regex(self.guided_regex),
+            _normalize_choice(self.guided_choice),
+        ) if g is not None]
+        if len(guided) > 1:
+            raise InvalidInputError(
+                "pass at most one of 'response_format', 'guided_regex' and 'guided_choice' (got "
+                f"{len(guided)}); they are alternative constraints on the same output."
+            )
+        if guided and self.forces_tool_call:
+            raise InvalidInputError(
+                f"'tool_choice' {self.tool_choice!r} forces a tool call, so the reply cannot also follow "
+                "'response_format'/'guided_regex'/'guided_choice'; use tool_choice='auto' (the constraint then "
+                "shapes the prose answer) or drop the constraint."
+            )
+        set_(self, "_guided", guided[0] if guided else None)
 
     @property
     def guided(self) -> Mapping[str, Any] | None:
-        """The normalised constraint: ``{"json": schema}``, ``{"json_object": True}`` or None."""
+        """The normalised output constraint: ``{"json": schema}``, ``{"json_object": True}``,
+        ``{"regex": str}``, ``{"choice": [str, ...]}`` or None (tool calls are constrained
+        separately, see :mod:`gpuprompt.llm._tool_format`)."""
         return self._guided
 
+    @property
+    def uses_tools(self) -> bool:
+        """Whether tools are in play (some tools bound and ``tool_choice`` is not ``"none"``)."""
+        return bool(self.tools) and self.tool_choice != "none"
 
-def _check_messages(messages: Any) -> tuple[dict[str, str], ...]:
-    if isinstance(messages, (str, bytes)) or isinstance(messages, Mapping) or not isinstance(messages, Sequence):
-        raise InputTypeError(
-            "'messages' must be a list of {'role': ..., 'content': ...} dicts (got "
-            f"{describe(messages)}); for one user turn pass [{{'role': 'user', 'content': text}}]."
-        )
-    if not messages:
-        raise InvalidInputError("'messages' must hold at least one message (got an empty list).")
-    checked: list[dict[str, str]] = []
-    for index, message in enumerate(messages):
-        if not isinstance(message, Mapping):
-            raise InputTypeError(
-                f"'messages[{index}]' must be a dict with 'role' and 'content' (got {describe(message)})."
-            )
-        role, content = message.get("role"), message.get("content")
-        if not isinstance(role, str) or role not in ROLES:  # never `in` on an array-like value
-            raise InvalidInputError(
-                f"'messages[{index}].role' must be one of {list(ROLES)} (got {describe(role)})."
-            )
-        if not isinstance(content, str):
-            raise InputTypeError(f"'messages[{index}].content' must be a str (got {describe(content)}).")
-        check_text(content, f"messages[{index}].content")
-        checked.append({"role": role, "content": content})
-    return tuple(checked)
+    @property
+    def forces_tool_call(self) -> bool:
+        """Whether the reply must be tool calls (``"required"`` or a named tool)."""
+        return bool(self.tools) and self.tool_choice not in ("auto", "none")
+
+
+def _normalize_regex(value: Any) -> Mapping[str, Any] | None:
+    if value is None:
+        return None
+    check_str(value, "guided_regex", allow_empty=False, max_length=65536)
+    try:
+        re.compile(value)
+    except re.error as exc:
+        raise InvalidInputError(f"'guided_regex' must be a valid regular expression (got {value!r}: {exc}).") from None
+    return {"regex": value}
+
+
+def _normalize_choice(value: Any) -> Mapping[str, Any] | None:
+    if value is None:
+        return None
+    if isinstance(value, (str, bytes, Mapping)) or not isinstance(value, Sequence):
+        raise fail("guided_choice", "a list of str", value, error=InputTypeError,
+                   fix="Wrap a single option in a list: [option]." if isinstance(value, str) else "")
+    if not value or len(value) > MAX_CHOICES:
+        raise fail("guided_choice", f"a list of 1 to {MAX_CHOICES} str", value)
+    for index, item in enumerate(value):
+        check_str(item, f"guided_choice[{index}]", allow_empty=False, max_length=65536)
+    return {"choice": list(dict.fromkeys(value))}
+
+
+def _check_logit_bias(value: Any) -> Mapping[int, float] | None:
+    if value is None:
+        return None
+    if not isinstance(value, Mapping):
+        raise fail("logit_bias", "None or a dict of token id -> bias", value, error=InputTypeError)
+    if len(value) > MAX_LOGIT_BIAS:
+        raise InvalidInputError(f"'logit_bias' must hold at most {MAX_LOGIT_BIAS} entries (got {len(value)}).")
+    checked: dict[int, float] = {}
+    for key, bias in value.items():
+        token = int(key) if isinstance(key, str) and key.isascii() and key.isdigit() and len(key) < 12 else key
+        token = check_int(token, "logit_bias key", min=0, max=MAX_TOKENS_LIMIT)
+        checked[token] = check_number(bias, f"logit_bias[{token}]", min=-100.0, max=100.0)
+    return checked or None

@@ -64,6 +64,24 @@ class VLLMBackend(Backend):
 
     name: ClassVar[str] = "vllm"
     supports_structured_output: ClassVar[bool] = True
+    sampling_fields: ClassVar[frozenset[str]] = frozenset(
+        {"top_k", "min_p", "presence_penalty", "frequency_penalty", "repetition_penalty", "logit_bias"}
+    )
+    guided_kinds: ClassVar[frozenset[str]] = frozenset({"json", "json_object", "regex", "choice"})
+
+    def check(self, prepared: Any) -> None:
+        """Parse the request's constraint with xgrammar (the guided backend this engine is started
+        with), so a bad schema or regex fails at the caller's line, not inside vLLM."""
+        if prepared.guided is not None:
+            from gpuprompt.llm._guided import check_constraint
+
+            check_constraint(prepared.guided)
+
+    @property
+    def capabilities(self) -> dict[str, Any]:
+        capabilities = super().capabilities
+        capabilities["prefix_cache"] = bool(self.config.enable_prefix_caching)
+        return capabilities
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -99,6 +117,12 @@ class VLLMBackend(Backend):
             "gpu_memory_utilization": cfg.gpu_memory_utilization,
             "quantization": cfg.quantization,
         }
+        # Guided decoding with xgrammar, as the transformers backend does (the same grammars on
+        # both backends), and compact JSON: a small model under "any whitespace" can emit
+        # newlines until max_tokens instead of closing the object.
+        from vllm.config import StructuredOutputsConfig
+
+        options["structured_outputs_config"] = StructuredOutputsConfig(backend="xgrammar", disable_any_whitespace=True)
         if cfg.max_num_seqs is not None:
             options["max_num_seqs"] = cfg.max_num_seqs
         if cfg.block_size is not None:
@@ -190,12 +214,20 @@ class VLLMBackend(Backend):
             "max_tokens": job.prepared.max_tokens,
             "temperature": request.temperature,
             "top_p": request.top_p,
+            "top_k": request.top_k,
+            "min_p": request.min_p,
+            "presence_penalty": request.presence_penalty,
+            "frequency_penalty": request.frequency_penalty,
+            "repetition_penalty": request.repetition_penalty,
             "seed": request.seed,
             "stop": list(request.stop) or None,
             "output_kind": self._vllm["DELTA"],
         }
-        if request.guided is not None:
-            options["structured_outputs"] = self._vllm["StructuredOutputsParams"](**request.guided)
+        if request.logit_bias:
+            options["logit_bias"] = dict(request.logit_bias)
+        guided = job.prepared.guided
+        if guided is not None:
+            options["structured_outputs"] = self._vllm["StructuredOutputsParams"](**guided)
         try:
             return self._vllm["SamplingParams"](**options)
         except self._vllm["ValidationError"] as exc:
@@ -231,7 +263,7 @@ class VLLMBackend(Backend):
             task.cancel()
 
     async def _run(self, job: Job, params: Any) -> None:
-        tokens = 0
+        tokens = cached = 0
         reason = "length"
         engine_id = f"{job.request_id}-{next(self._ids)}"
         try:
@@ -244,13 +276,15 @@ class VLLMBackend(Backend):
                         job.mark_started(_scheduled_at(out, job.submitted_at))
                     job.mark_first_token()
                     tokens += len(completion.token_ids)
+                if out.num_cached_tokens:
+                    cached = int(out.num_cached_tokens)
                 job.push_text(completion.text)
                 if out.finished:
                     reason = _FINISH_REASONS.get(str(completion.finish_reason), "stop")
-            job.finish(reason, tokens)
+            job.finish(reason, tokens, cached)
         except asyncio.CancelledError:
             # vLLM's generate() already aborted the request in the engine before re-raising.
-            job.finish("abort", tokens)
+            job.finish("abort", tokens, cached)
         except self._vllm["EngineDeadError"] as exc:
             job.fail(EngineDeadError(f"the vLLM engine died while serving {job.request_id}: {exc!r}"))
         except self._vllm["ValidationError"] as exc:

@@ -1,0 +1,142 @@
+"""Guided decoding (regex, choice, JSON) and the extra sampling fields, on both backends.
+
+Greedy decoding throughout unless a test samples on purpose; max_tokens stays small.
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from gpuprompt.errors import InputTypeError, InvalidInputError
+from gpuprompt.llm import GenerationRequest, LLMEngine
+
+ASK = [{"role": "user", "content": "Give me a product code for a red dress."}]
+
+
+def chat(**kwargs) -> GenerationRequest:
+    kwargs.setdefault("max_tokens", 16)
+    return GenerationRequest(messages=kwargs.pop("messages", ASK), **kwargs)
+
+
+# ---------------------------------------------------------------------- validation
+@pytest.mark.parametrize(
+    ("kwargs", "error", "match"),
+    [
+        ({"top_k": -1}, InvalidInputError, r"'top_k' must be an int >= 0"),
+        ({"top_k": 1.5}, InvalidInputError, "'top_k'"),
+        ({"top_k": True}, InvalidInputError, "'top_k'"),
+        ({"min_p": 1.5}, InvalidInputError, "'min_p' must be a finite number"),
+        ({"min_p": float("nan")}, InvalidInputError, "'min_p'"),
+        ({"presence_penalty": 2.5}, InvalidInputError, "'presence_penalty'"),
+        ({"frequency_penalty": "1"}, InvalidInputError, "'frequency_penalty'"),
+        ({"repetition_penalty": 0}, InvalidInputError, "'repetition_penalty' must be a number > 0"),
+        ({"repetition_penalty": float("inf")}, InvalidInputError, "'repetition_penalty'"),
+        ({"logit_bias": [1, 2]}, InputTypeError, "'logit_bias' must be None or a dict"),
+        ({"logit_bias": {-1: 1.0}}, InvalidInputError, "'logit_bias key'"),
+        ({"logit_bias": {"abc": 1.0}}, InvalidInputError, "'logit_bias key'"),
+        ({"logit_bias": {5: 101}}, InvalidInputError, r"'logit_bias\[5\]'"),
+        ({"logit_bias": {5: float("nan")}}, InvalidInputError, r"'logit_bias\[5\]'"),
+        ({"logit_bias": {i: 1.0 for i in range(4097)}}, InvalidInputError, "at most 4096"),
+        ({"guided_regex": ""}, InvalidInputError, "'guided_regex' must be a non-empty str"),
+        ({"guided_regex": "(unclosed"}, InvalidInputError, "valid regular expression"),
+        ({"guided_regex": b"a+"}, InputTypeError, "'guided_regex' must be a str"),
+        ({"guided_choice": "yes"}, InputTypeError, "Wrap a single option in a list"),
+        ({"guided_choice": []}, InvalidInputError, "'guided_choice' must be a list of 1 to"),
+        ({"guided_choice": ["a", 3]}, InputTypeError, r"'guided_choice\[1\]' must be a str"),
+        ({"guided_choice": ["a", ""]}, InvalidInputError, r"'guided_choice\[1\]' must be a non-empty str"),
+        ({"guided_choice": ["a"], "guided_regex": "a"}, InvalidInputError, "at most one of"),
+        ({"guided_choice": ["a"], "response_format": {"type": "json_object"}}, InvalidInputError, "at most one of"),
+    ],
+)
+def test_bad_sampling_and_guided_fields_are_refused(kwargs, error, match) -> None:
+    with pytest.raises(error, match=match):
+        chat(**kwargs)
+
+
+def test_fields_are_normalised() -> None:
+    request = chat(logit_bias={"42": 5, 7: -1.5}, guided_choice=["a", "b", "a"], top_k=3, min_p=0)
+    assert request.logit_bias == {42: 5.0, 7: -1.5}
+    assert request.guided == {"choice": ["a", "b"]}
+    assert isinstance(request.min_p, float) and request.top_k == 3
+    assert chat(guided_regex="[a-z]+").guided == {"regex": "[a-z]+"}
+    assert chat(logit_bias={}).logit_bias is None
+
+
+# ---------------------------------------------------------------------- constraints, both backends
+def test_regex_and_choice_constrain_the_output(engine: LLMEngine) -> None:
+    assert {"json", "json_object", "regex", "choice"} <= set(engine.capabilities["guided"])
+    regex, choice, question = engine.generate([
+        chat(guided_regex=r"[A-Z]{3}-[0-9]{4}"),
+        chat(messages=[{"role": "user", "content": "Is the sky green?"}], guided_choice=["yes", "no", "maybe not"]),
+        chat(messages=[{"role": "user", "content": "Pick a size."}], guided_choice=['X "large"\n', "small"]),
+    ])
+    assert re.fullmatch(r"[A-Z]{3}-[0-9]{4}", regex.text) and regex.finish_reason == "stop"
+    assert choice.text in ("yes", "no", "maybe not") and choice.finish_reason == "stop"
+    assert question.text in ('X "large"\n', "small")
+
+
+def test_constrained_and_free_rows_share_a_batch(engine: LLMEngine) -> None:
+    free = chat(messages=[{"role": "user", "content": "Name three colors."}], max_tokens=12)
+    [alone] = engine.generate([free])
+    together = engine.generate([chat(guided_regex="[0-9]{6}"), free, chat(guided_choice=["red", "blue"])])
+    assert together[1].text == alone.text  # the free row is untouched by its neighbours' grammars
+    assert re.fullmatch("[0-9]{6}", together[0].text) and together[2].text in ("red", "blue")
+
+
+def test_a_bad_constraint_fails_at_the_call(engine: LLMEngine) -> None:
+    before = engine.stats().requests
+    with pytest.raises(InvalidInputError):
+        engine.generate([chat(response_format={"type": "object", "properties": {"a": {"type": "no-such-type"}}})])
+    assert engine.stats().requests == before
+
+
+# ---------------------------------------------------------------------- sampling fields, both backends
+def test_top_k_one_and_min_p_one_sample_the_greedy_token(engine: LLMEngine) -> None:
+    greedy, top_k, min_p = engine.generate([
+        chat(max_tokens=10),
+        chat(max_tokens=10, temperature=1.5, top_k=1, seed=3),
+        chat(max_tokens=10, temperature=1.5, min_p=1.0, seed=4),
+    ])
+    assert top_k.text == greedy.text == min_p.text
+
+
+def test_logit_bias_and_penalties_change_the_greedy_output(engine: LLMEngine) -> None:
+    formatter = engine._ensure_formatter()
+    [greedy] = engine.generate([chat(max_tokens=8)])
+    first = formatter.tokenizer(greedy.text, add_special_tokens=False)["input_ids"][0]
+    banned, forced = engine.generate([
+        chat(max_tokens=8, logit_bias={first: -100}),
+        chat(max_tokens=2, logit_bias={first: 100}),
+    ])
+    assert not banned.text.startswith(formatter.tokenizer.decode([first]))
+    assert forced.text == formatter.tokenizer.decode([first, first])
+    repeat = [{"role": "user", "content": "Repeat after me forever: la la la la la la la la la la"}]
+    plain, penalised, presence = engine.generate([
+        chat(messages=repeat, max_tokens=24),
+        chat(messages=repeat, max_tokens=24, repetition_penalty=1.8),
+        chat(messages=repeat, max_tokens=24, presence_penalty=2.0, frequency_penalty=2.0),
+    ])
+    assert penalised.text != plain.text and presence.text != plain.text
+    assert plain.text.count("la") > presence.text.count("la")
+
+
+def test_logit_bias_outside_the_vocabulary_is_refused(engine: LLMEngine) -> None:
+    with pytest.raises(InvalidInputError, match="logit_bias"):
+        engine.generate([chat(logit_bias={10**9: 1.0})])
+
+
+# ---------------------------------------------------------------------- prefix cache
+def test_cached_tokens(engine: LLMEngine) -> None:
+    long = [{"role": "system", "content": "You answer questions about the shop. " * 40},
+            {"role": "user", "content": "Which dress is red?"}]
+    first, = engine.generate([chat(messages=long, max_tokens=2)])
+    second, = engine.generate([chat(messages=long, max_tokens=2)])
+    if engine.backend_name == "vllm":
+        assert engine.capabilities["prefix_cache"]
+        assert second.usage.cached_tokens > 0
+        assert second.usage.cached_tokens <= second.usage.prompt_tokens
+    else:
+        assert not engine.capabilities["prefix_cache"]
+        assert first.usage.cached_tokens == second.usage.cached_tokens == 0

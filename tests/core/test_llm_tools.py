@@ -1,0 +1,442 @@
+"""Tool calling in the core: types, the prompt format, the parser, and the engine on both backends.
+
+The bundled SmolLM2-135M calls tools poorly, so the protocol is tested where guided decoding makes
+the shape certain ("required", a named tool, "auto" with its prose pseudo-tool); what the model
+chooses inside that shape is not asserted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+
+import pytest
+
+from gpuprompt.errors import InputTypeError, InvalidInputError, UnsupportedFeatureError
+from gpuprompt.llm import GenerationRequest, LLMEngine, StreamDelta, ToolCall, ToolCallDelta, ToolSpec
+from gpuprompt.llm._tool_format import ToolOutputParser, ToolPlan, plan_tools
+
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Current weather in a city.",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+    },
+}
+CLOCK = {
+    "name": "get_time",
+    "description": "Current time in a timezone.",
+    "parameters": {
+        "type": "object",
+        "properties": {"tz": {"type": "string", "enum": ["UTC", "CET"]}},
+        "required": ["tz"],
+    },
+}
+TOOLS = [WEATHER, CLOCK]
+ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
+CALL_ID = re.compile(r"^call_[0-9a-f]{24}$")
+
+
+def ask(**kwargs) -> GenerationRequest:
+    kwargs.setdefault("max_tokens", 48)
+    return GenerationRequest(messages=ASK, tools=TOOLS, **kwargs)
+
+
+def check_call(call: ToolCall, names=("get_weather", "get_time")) -> None:
+    assert CALL_ID.match(call.id)
+    assert call.name in names
+    args = call.args
+    if call.name == "get_weather":
+        assert set(args) == {"city"} and isinstance(args["city"], str)
+    else:
+        assert args in ({"tz": "UTC"}, {"tz": "CET"})
+
+
+# ---------------------------------------------------------------------- types
+def test_tool_spec_forms_and_round_trip() -> None:
+    spec = ToolSpec.from_openai(WEATHER)
+    assert spec.name == "get_weather" and spec.parameters["required"] == ["city"] and not spec.strict
+    assert ToolSpec.from_openai(spec.to_openai()) == spec
+    assert ToolSpec.from_openai(CLOCK).to_openai()["function"]["name"] == "get_time"
+    bare = ToolSpec("ping")
+    assert bare.parameters == {"type": "object", "properties": {}}
+    assert ToolSpec.from_openai({"name": "x", "parameters": None, "strict": True}).to_openai()["function"]["strict"]
+
+
+@pytest.mark.parametrize(
+    ("tool", "error", "match"),
+    [
+        ({"name": "has space"}, InvalidInputError, r"'tools\[0\]\.name' must be 1-64 characters"),
+        ({"name": "x" * 65}, InvalidInputError, "1-64 characters"),
+        ({"name": ""}, InvalidInputError, "1-64"),
+        ({"name": 7}, InputTypeError, r"'tools\[0\]\.name' must be a str"),
+        ({"description": "no name"}, InvalidInputError, "needs a name"),
+        ({"name": "x", "parameters": [1]}, InputTypeError, "must be a JSON schema dict"),
+        ({"name": "x", "parameters": {"type": "array"}}, InvalidInputError, "must be 'object'"),
+        ({"name": "x", "parameters": {"type": "object", "d": float("nan")}}, InvalidInputError, "finite"),
+        ({"name": "x", "strict": "yes"}, InputTypeError, "strict' must be a bool"),
+        ({"name": "x", "extra": 1}, InvalidInputError, "unknown key"),
+        ({"type": "retrieval", "function": {"name": "x"}}, InvalidInputError, "'function'"),
+        ("get_weather", InputTypeError, "OpenAI tool dict"),
+        ({"name": "__answer__"}, InvalidInputError, "reserved"),
+    ],
+)
+def test_bad_tools_are_refused_naming_the_field(tool, error, match) -> None:
+    with pytest.raises(error, match=match):
+        GenerationRequest(messages=ASK, tools=[tool])
+
+
+def test_hostile_tool_values_are_refused() -> None:
+    cyclic: dict = {"type": "object"}
+    cyclic["properties"] = cyclic
+    with pytest.raises(InvalidInputError, match="must not contain itself"):
+        ToolSpec("x", parameters=cyclic)
+    deep: dict = {"type": "object"}
+    node = deep
+    for _ in range(100):
+        node["p"] = {}
+        node = node["p"]
+    with pytest.raises(InvalidInputError, match="nested at most"):
+        ToolSpec("x", parameters=deep)
+    with pytest.raises(InvalidInputError, match="lone surrogate"):
+        ToolSpec("x", description="\ud800")
+    with pytest.raises(InputTypeError, match="Wrap a single tool in a list"):
+        GenerationRequest(messages=ASK, tools=WEATHER)  # type: ignore[arg-type]
+    with pytest.raises(InvalidInputError, match="used by two tools"):
+        GenerationRequest(messages=ASK, tools=[WEATHER, WEATHER])
+    with pytest.raises(InvalidInputError, match="at most 128"):
+        GenerationRequest(messages=ASK, tools=[{"name": f"t{i}"} for i in range(129)])
+
+
+def test_tool_choice_is_normalised_and_checked() -> None:
+    assert ask().tool_choice == "auto"
+    assert ask(tool_choice={"type": "function", "function": {"name": "get_time"}}).tool_choice == "get_time"
+    assert GenerationRequest(messages=ASK).tool_choice == "auto"  # auto without tools: plain generation
+    assert not GenerationRequest(messages=ASK).uses_tools
+    with pytest.raises(InvalidInputError, match=r"one of the tools \['get_weather', 'get_time'\]"):
+        ask(tool_choice="get_stock")
+    with pytest.raises(InvalidInputError, match="'tools' is empty"):
+        GenerationRequest(messages=ASK, tool_choice="required")
+    with pytest.raises(InputTypeError, match="'tool_choice' must be"):
+        ask(tool_choice=True)
+    with pytest.raises(InvalidInputError, match="'tool_choice' must be"):
+        ask(tool_choice={"type": "function", "function": {}})
+    with pytest.raises(InputTypeError, match="'parallel_tool_calls' must be a bool"):
+        ask(parallel_tool_calls=1)
+    with pytest.raises(InvalidInputError, match="need chat 'messages'"):
+        GenerationRequest(prompt="hi", tools=TOOLS)
+    with pytest.raises(InvalidInputError, match="forces a tool call"):
+        ask(tool_choice="required", response_format={"type": "json_object"})
+
+
+def test_tool_call_type() -> None:
+    call = ToolCall.from_openai({"id": "c1", "type": "function", "function": {"name": "f", "arguments": '{"a": 1}'}})
+    assert call.args == {"a": 1}
+    assert call.to_openai() == {"id": "c1", "type": "function", "function": {"name": "f", "arguments": '{"a": 1}'}}
+    generated = ToolCall.from_openai({"name": "f", "arguments": {"a": [1, 2]}})
+    assert CALL_ID.match(generated.id) and generated.args == {"a": [1, 2]}
+    with pytest.raises(InvalidInputError, match="JSON text of an object"):
+        ToolCall("c", "f", "[1]")
+    with pytest.raises(InvalidInputError, match="JSON text of an object"):
+        ToolCall("c", "f", "{not json")
+    with pytest.raises(InvalidInputError, match="non-empty"):
+        ToolCall("", "f", "{}")
+
+
+def test_tool_messages_are_validated() -> None:
+    history = [
+        *ASK,
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
+        ]},
+        {"role": "tool", "content": "18 C, sunny", "tool_call_id": "call_1", "name": "get_weather"},
+    ]
+    request = GenerationRequest(messages=history, tools=TOOLS)
+    assistant, tool = request.messages[1], request.messages[2]
+    assert assistant["content"] == "" and assistant["tool_calls"][0] == ToolCall("call_1", "get_weather",
+                                                                                 '{"city": "Paris"}')
+    assert tool == {"role": "tool", "content": "18 C, sunny", "tool_call_id": "call_1", "name": "get_weather"}
+    GenerationRequest(messages=[*ASK, {"role": "tool", "content": "result"}])  # tool_call_id is optional
+    bad = [
+        ({"role": "assistant", "content": None}, InputTypeError, r"messages\[1\]\.content"),
+        ({"role": "assistant", "content": "", "tool_calls": {"id": "x"}}, InputTypeError, "tool_calls"),
+        ({"role": "assistant", "content": "", "tool_calls": [{"function": {"name": "a b"}}]}, InvalidInputError,
+         r"messages\[1\]\.tool_calls\[0\]\.name"),
+        ({"role": "assistant", "content": "", "tool_calls": [{"name": "f", "arguments": "[]"}]},
+         InvalidInputError, "JSON text of an object"),
+        ({"role": "tool", "content": "r", "tool_call_id": ""}, InvalidInputError, "tool_call_id"),
+        ({"role": "tool", "content": "r", "tool_call_id": 5}, InputTypeError, "tool_call_id"),
+        ({"role": "tool", "content": None}, InputTypeError, "content"),
+        ({"role": "function", "content": "r"}, InvalidInputError, "'tool'"),
+    ]
+    for message, error, match in bad:
+        with pytest.raises(error, match=match):
+            GenerationRequest(messages=[*ASK, message])
+
+
+# ---------------------------------------------------------------------- parser
+def plan(**kwargs) -> ToolPlan:
+    native = kwargs.pop("native", False)
+    result = plan_tools(ask(**kwargs), native)
+    assert result is not None
+    return result
+
+
+def run(parser_plan: ToolPlan, pieces: list[str]) -> tuple[str, list[ToolCallDelta], list[ToolCall]]:
+    parser = ToolOutputParser(parser_plan)
+    text, deltas = "", []
+    for piece in pieces:
+        new, calls = parser.feed(piece)
+        text += new
+        deltas.extend(calls)
+    new, calls = parser.finish()
+    assert parser.text == text + new
+    return text + new, deltas + list(calls), parser.calls
+
+
+def merged(deltas: list[ToolCallDelta]) -> list[tuple[str, str, str]]:
+    out: dict[int, list[str]] = {}
+    for delta in deltas:
+        if delta.index not in out:
+            assert delta.id is not None and delta.name is not None
+            out[delta.index] = [delta.id, delta.name, ""]
+        out[delta.index][2] += delta.arguments
+    return [tuple(out[i]) for i in sorted(out)]  # type: ignore[misc]
+
+
+@pytest.mark.parametrize("split", [1, 3, 1000])
+def test_parser_streamed_equals_whole(split: int) -> None:
+    cases = [
+        (plan(tool_choice="required", parallel_tool_calls=False), '{"name":"get_weather","arguments":{"city":"Paris"}}'),
+        (plan(tool_choice="required"), ('[{"name":"get_weather","arguments":{"city":"Paris"}},'
+                                        '{"name":"get_time","arguments":{"tz":"UTC"}}]')),
+        (plan(), '{"name":"__answer__","arguments":{"content":"Hi \\"you\\" \\u00e9\\ud83d\\ude00!"}}'),
+        (plan(native=True), 'Let me check.<tool_call>\n{"name": "get_time", "arguments": {"tz": "CET"}}\n</tool_call>'),
+    ]
+    for case_plan, text in cases:
+        pieces = [text[i : i + split] for i in range(0, len(text), split)]
+        streamed = run(case_plan, pieces)
+        whole = run(case_plan, [text])
+        assert streamed[0] == whole[0]
+        assert [(n, a) for _, n, a in merged(streamed[1])] == [(c.name, c.arguments) for c in streamed[2]]
+        assert [(c.name, c.args) for c in streamed[2]] == [(c.name, c.args) for c in whole[2]]
+        assert all(CALL_ID.match(c.id) for c in streamed[2])
+    assert run(cases[2][0], [cases[2][1]])[0] == 'Hi "you" \u00e9\U0001F600!'
+    assert run(cases[3][0], [cases[3][1]])[0] == "Let me check."
+
+
+def test_parser_keeps_cut_or_foreign_output_as_text() -> None:
+    # A list cut short keeps its complete calls; a single call cut short stays text.
+    text, _, calls = run(plan(tool_choice="required"), ['[{"name":"get_time","arguments":{"tz":"UTC"}},{"na'])
+    assert [c.name for c in calls] == ["get_time"] and text == ""
+    cut = '{"name":"get_weather","argu'
+    assert run(plan(tool_choice="required", parallel_tool_calls=False), [cut])[:3:2] == (cut, [])
+    # An answer cut short keeps its prose.
+    assert run(plan(), ['{"name":"__answer__","arguments":{"content":"Par'])[0] == "Par"
+    # Tagged: unknown tools and broken blocks stay in the text; parallel off keeps the first call.
+    tagged = plan(native=True, parallel_tool_calls=False)
+    raw = ('A<tool_call>{"name": "nope", "arguments": {}}</tool_call>B<tool_call>{oops</tool_call>'
+           '<tool_call>{"name": "get_time", "arguments": {"tz": "UTC"}}</tool_call>'
+           '<tool_call>{"name": "get_weather", "arguments": "{\\"city\\": \\"Rome\\"}"}</tool_call>')
+    text, deltas, calls = run(tagged, [raw])
+    assert text == 'A<tool_call>{"name": "nope", "arguments": {}}</tool_call>B<tool_call>{oops</tool_call>'
+    assert [c.name for c in calls] == ["get_time"] and len(deltas) == 1
+    # A marker split across pieces is held back, never leaked.
+    streamed, _, calls = run(plan(native=True), ["Hi <tool", '_call>{"name": "get_time", "arguments": {"tz": "UTC"}}',
+                                                 "</tool_", "call> bye"])
+    assert streamed == "Hi  bye" and [c.name for c in calls] == ["get_time"]
+
+
+def test_plans_follow_tool_choice() -> None:
+    assert plan(tool_choice="none").kind == "off"
+    assert plan(native=True).kind == "tagged"
+    assert plan(native=True, guided_choice=["a", "b"]).kind == "json"  # a constraint keeps auto constrained
+    named = plan(tool_choice="get_time", parallel_tool_calls=False).schema
+    assert named["properties"]["name"]["enum"] == ["get_time"]
+    assert plan(tool_choice="required").schema["type"] == "array"
+    auto = plan(parallel_tool_calls=False).schema["anyOf"]
+    assert [o["properties"]["name"]["enum"][0] for o in auto] == ["__answer__", "get_weather", "get_time"]
+
+
+# ---------------------------------------------------------------------- prompt format
+@pytest.fixture(scope="module")
+def formatter(tf_engine: LLMEngine):
+    return tf_engine._ensure_formatter()
+
+
+HISTORY = [
+    {"role": "system", "content": "You are a travel helper."},
+    *ASK,
+    {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
+    ]},
+    {"role": "tool", "content": "18 C, sunny", "tool_call_id": "call_1"},
+]
+
+
+def test_fallback_prompt_lists_tools_and_renders_calls_and_results(formatter) -> None:
+    assert not formatter.native_tools  # the bundled SmolLM2 template knows no tools
+    request = GenerationRequest(messages=HISTORY, tools=TOOLS)
+    text = formatter.render(request.messages, formatter.plan(request))
+    system = text.split("<|im_end|>")[0]
+    assert system.startswith("<|im_start|>system\nYou are a travel helper.")
+    assert "<tools>" in system and '"name": "get_time"' in system and "__answer__" in system
+    assert '<|im_start|>assistant\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>' \
+        in text
+    assert "<|im_start|>tool\n18 C, sunny<|im_end|>" in text
+    assert text.endswith("<|im_start|>assistant\n")
+    # The tools are counted as the engine will send them.
+    with_tools = formatter.count(HISTORY, tools=TOOLS)
+    assert with_tools == formatter.count(request) > formatter.count(HISTORY) + 40
+    none_text = formatter.render(request.messages, plan_tools(ask(tool_choice="none"), False))
+    assert "Do not call any tool" in none_text and "<tools>" in none_text
+
+
+def test_a_template_with_tools_renders_them_itself(tf_engine: LLMEngine) -> None:
+    from transformers import AutoTokenizer
+
+    from gpuprompt.llm._chat import ChatFormatter
+    from gpuprompt.models import resolve_chat_model
+
+    tokenizer = AutoTokenizer.from_pretrained(resolve_chat_model(None))
+    tokenizer.chat_template = (
+        "{% if tools %}TOOLS:{% for t in tools %}{{ t.function.name }};{% endfor %}\n{% endif %}"
+        "{% for m in messages %}[{{ m.role }}]{{ m.content or '' }}"
+        "{% for c in m.tool_calls or [] %}CALL {{ c.function.name }} {{ c.function.arguments | tojson }}{% endfor %}"
+        "{% if m.tool_call_id %} (for {{ m.tool_call_id }}){% endif %}\n{% endfor %}"
+        "{% if add_generation_prompt %}[assistant]{% endif %}"
+    )
+    native = ChatFormatter(tokenizer, 2048, "custom")
+    assert native.native_tools
+    request = GenerationRequest(messages=HISTORY, tools=TOOLS)
+    text = native.render(request.messages, native.plan(request))
+    assert text.startswith("TOOLS:get_weather;get_time;[system]You are a travel helper.")
+    assert 'CALL get_weather {"city": "Paris"}' in text and "[tool]18 C, sunny (for call_1)" in text
+    assert "<tools>" not in text and "__answer__" not in text  # auto is the model's own format here
+    forced = native.render(request.messages, native.plan(GenerationRequest(messages=HISTORY, tools=TOOLS,
+                                                                           tool_choice="get_time")))
+    assert "Call the tool 'get_time' now" in forced
+
+
+def test_truncate_left_keeps_a_call_with_its_results(formatter) -> None:
+    messages = [{"role": "system", "content": "Be brief."}]
+    for i in range(12):
+        messages += [
+            {"role": "user", "content": f"Question {i}: " + "what about the weather there " * 8},
+            {"role": "assistant", "content": None, "tool_calls": [
+                {"id": f"call_{i}", "type": "function",
+                 "function": {"name": "get_weather", "arguments": json.dumps({"city": "Paris " * 20})}}]},
+            {"role": "tool", "content": "sunny " * 30, "tool_call_id": f"call_{i}"},
+            {"role": "assistant", "content": "It is sunny. " * 10},
+        ]
+    messages += [{"role": "user", "content": "And tomorrow?"},
+                 {"role": "assistant", "content": None, "tool_calls": [{"id": "call_x", "function": {
+                     "name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
+                 {"role": "tool", "content": "rain", "tool_call_id": "call_x"}]
+    request = GenerationRequest(messages=messages, tools=TOOLS, max_tokens=1400, truncate="left")
+    prepared = formatter.prepare(request)
+    assert 0 < prepared.dropped_messages < len(messages) - 4
+    kept = [m for m in messages if m["role"] == "system"] + messages[1 + prepared.dropped_messages :]
+    assert kept[1]["role"] == "user"  # history restarts on a user turn: no orphan call or result
+    assert len(prepared.token_ids) == formatter.count(GenerationRequest(messages=kept, tools=TOOLS))
+
+
+# ---------------------------------------------------------------------- the engine, both backends
+@pytest.mark.parametrize("parallel", [False, True])
+def test_required_and_named_choices_return_typed_calls(engine: LLMEngine, parallel: bool) -> None:
+    assert engine.supports_tools and engine.capabilities["tools"]
+    required, named = engine.generate([
+        ask(tool_choice="required", parallel_tool_calls=parallel),
+        ask(tool_choice="get_time", parallel_tool_calls=parallel),
+    ])
+    for result in (required, named):
+        assert result.finish_reason == "tool_calls" and result.text == ""
+        assert 1 <= len(result.tool_calls) <= (4 if parallel else 1)
+        for call in result.tool_calls:
+            check_call(call)
+    assert {c.name for c in named.tool_calls} == {"get_time"}
+    if not parallel:
+        assert len(required.tool_calls) == len(named.tool_calls) == 1
+
+
+def test_auto_answers_in_prose_or_calls_and_none_never_calls(engine: LLMEngine) -> None:
+    results = engine.generate([
+        ask(max_tokens=24),
+        GenerationRequest(messages=[{"role": "user", "content": "Say hello to me."}], tools=TOOLS, max_tokens=24),
+        ask(tool_choice="none", max_tokens=12),
+    ])
+    for result in results[:2]:
+        if result.tool_calls:
+            assert result.finish_reason == "tool_calls" and result.text == ""
+            for call in result.tool_calls:
+                check_call(call)
+        else:
+            assert result.text and result.finish_reason in ("stop", "length")
+        assert not result.text.lstrip().startswith(("{", "["))  # no raw JSON leaks into the prose
+    assert results[2].tool_calls == () and results[2].finish_reason in ("stop", "length") and results[2].text
+
+
+@pytest.mark.parametrize("choice", ["required", "auto"])
+def test_streamed_tool_calls_concatenate_to_the_generated_ones(engine: LLMEngine, choice: str) -> None:
+    request = ask(tool_choice=choice, max_tokens=40)
+    [result] = engine.generate([request])
+    deltas = list(engine.stream(request))
+    assert all(isinstance(d, StreamDelta) for d in deltas)
+    assert deltas[-1].finish_reason == result.finish_reason and deltas[-1].usage == result.usage
+    assert "".join(d.text for d in deltas) == result.text
+    calls = merged([c for d in deltas for c in d.tool_calls])
+    assert [(name, json.loads(args)) for _, name, args in calls] == [(c.name, c.args) for c in result.tool_calls]
+
+    async def collect() -> list[StreamDelta]:
+        return [d async for d in engine.astream(request)]
+
+    again = asyncio.run(collect())
+    assert [(n, a) for _, n, a in merged([c for d in again for c in d.tool_calls])] == [
+        (n, a) for _, n, a in calls
+    ]
+
+
+def test_a_tool_result_in_the_history_is_answered(engine: LLMEngine) -> None:
+    request = GenerationRequest(messages=HISTORY, tools=TOOLS, max_tokens=16)
+    [result] = engine.generate([request])
+    assert result.usage.prompt_tokens == engine.count_tokens(request)
+    assert result.text or result.tool_calls
+    # Without tools bound, the same history still renders (calls and results as turns).
+    [plain] = engine.generate([GenerationRequest(messages=HISTORY, max_tokens=8)])
+    assert plain.text and not plain.tool_calls
+
+
+def test_a_backend_lacking_a_feature_refuses_it(engine: LLMEngine, monkeypatch: pytest.MonkeyPatch) -> None:
+    backend = engine._backend
+    monkeypatch.setattr(backend, "guided_kinds", frozenset({"json", "json_object"}))
+    monkeypatch.setattr(backend, "sampling_fields", frozenset())
+    before = engine.stats().requests
+    with pytest.raises(UnsupportedFeatureError) as caught:
+        engine.generate([GenerationRequest(messages=ASK, top_k=5)])
+    assert caught.value.field == "top_k" and caught.value.backend == backend.name
+    assert "'top_k' is not supported" in str(caught.value)
+    with pytest.raises(UnsupportedFeatureError) as caught:
+        engine.generate([GenerationRequest(messages=ASK, guided_regex="a+")])
+    assert caught.value.field == "guided_regex"
+    assert isinstance(caught.value, InvalidInputError)
+    assert engine.stats().requests == before
+
+
+def test_auto_with_a_constraint_shapes_the_prose_answer(engine: LLMEngine) -> None:
+    schema = {"type": "object", "properties": {"sky": {"type": "string", "enum": ["clear", "cloudy"]}},
+              "required": ["sky"]}
+    choice, structured = engine.generate([
+        GenerationRequest(messages=[{"role": "user", "content": "Is it sunny? Answer yes or no."}], tools=TOOLS,
+                          guided_choice=["yes", "no"], max_tokens=40),
+        GenerationRequest(messages=[{"role": "user", "content": "Describe the sky as JSON."}], tools=TOOLS,
+                          response_format=schema, max_tokens=40),
+    ])
+    if not choice.tool_calls:
+        assert choice.text in ("yes", "no")
+    if not structured.tool_calls:
+        assert json.loads(structured.text)["sky"] in ("clear", "cloudy")
+    for result in (choice, structured):
+        for call in result.tool_calls:
+            check_call(call)
