@@ -31,13 +31,14 @@ from gpuprompt.errors import ConfigurationError, InputTypeError, InvalidInputErr
 from langchain_gpuprompt._embeddings import GPUPromptEmbeddings
 
 if TYPE_CHECKING:
-    from gpuprompt.index import Hit, Record, VectorIndex
+    from gpuprompt.index import Hit, IndexLike, Record
 
 __all__ = ["GPUPromptVectorStore"]
 
 
 class GPUPromptVectorStore(VectorStore):
-    """Drop-in LangChain vector store backed by gpuprompt's :class:`~gpuprompt.VectorIndex`.
+    """Drop-in LangChain vector store backed by a gpuprompt index: a :class:`~gpuprompt.VectorIndex`
+    (the default, in process) or a :class:`~gpuprompt.index.MilvusIndex` passed as ``index=``.
 
     Works with any LangChain ``Embeddings``; with :class:`GPUPromptEmbeddings` the query
     embedding stays on the device and concurrent searches are coalesced into batched index
@@ -92,7 +93,8 @@ class GPUPromptVectorStore(VectorStore):
 
     Args:
         embedding: the LangChain embeddings used for documents and queries.
-        index: an existing core index to wrap (its metric and device then apply).
+        index: an existing core index to wrap, any :class:`~gpuprompt.index.IndexLike` such as
+            ``MilvusIndex(384, uri="kb.db")`` (its metric then applies).
         metric: ``"cosine"`` (default), ``"ip"`` or ``"l2"``.
         backend: ``"auto"``, ``"faiss"`` or ``"torch"``.
         device: ``"auto"``, ``"cpu"``, ``"cuda"``, ``"cuda:N"`` or ``"mps"``.
@@ -100,14 +102,14 @@ class GPUPromptVectorStore(VectorStore):
 
     Raises:
         ConfigurationError: an option the core index would refuse (checked now, by the core, so it
-            never fails the first add instead); ``index`` is not a :class:`~gpuprompt.VectorIndex`.
+            never fails the first add instead); ``index`` is not an :class:`~gpuprompt.index.IndexLike`.
     """
 
     def __init__(
         self,
         embedding: Embeddings,
         *,
-        index: VectorIndex | None = None,
+        index: IndexLike | None = None,
         metric: str = "cosine",
         backend: str = "auto",
         device: str = "auto",
@@ -118,10 +120,9 @@ class GPUPromptVectorStore(VectorStore):
                 "'embedding' must be a langchain_core Embeddings, e.g. GPUPromptEmbeddings() "
                 f"(got {describe(embedding)})."
             )
-        from gpuprompt.index import VectorIndex
+        from gpuprompt.index import VectorIndex, check_index
 
-        if index is not None and not isinstance(index, VectorIndex):
-            raise fail("index", "a gpuprompt.VectorIndex or None", index, error=ConfigurationError)
+        check_index(index, allow_none=True)
         if "dim" in index_options:
             raise ConfigurationError(
                 f"'dim' is not an option of GPUPromptVectorStore (got dim={describe(index_options['dim'])}): the "
@@ -132,7 +133,7 @@ class GPUPromptVectorStore(VectorStore):
         # when the index is built (the dimension is only known then). Loads nothing.
         VectorIndex.check_options(**options)
         self.embedding = embedding
-        self._index: VectorIndex | None = index
+        self._index: IndexLike | None = index
         self._metric = index.metric if index is not None else metric
         self._index_options = options
         self._lock = threading.Lock()
@@ -148,11 +149,11 @@ class GPUPromptVectorStore(VectorStore):
         return self.embedding
 
     @property
-    def index(self) -> VectorIndex | None:
+    def index(self) -> IndexLike | None:
         """The core index (None until the first vectors fix its dimension)."""
         return self._index
 
-    def ensure_index(self, dim: int) -> VectorIndex:
+    def ensure_index(self, dim: int) -> IndexLike:
         """The core index, created with this store's options for ``dim`` if it does not exist yet."""
         if self._index is None:
             with self._lock:
@@ -544,10 +545,10 @@ class GPUPromptVectorStore(VectorStore):
             InvalidInputError: ``index_name`` is not a plain name (it would read outside
                 ``folder_path``; see :meth:`save_local`).
         """
-        from gpuprompt.index import VectorIndex
+        from gpuprompt.index import load_index
 
         folder, name = _snapshot_path(folder_path, index_name)
-        index = VectorIndex.load(folder / name, device=device)
+        index = load_index(folder / name, device=device)
         return cls(embeddings, index=index, **kwargs)
 
 

@@ -48,7 +48,7 @@ from llamaindex_gpuprompt._common import check_options
 from llamaindex_gpuprompt._filters import RESERVED_KEY, is_reserved_key, to_core_filter
 
 if TYPE_CHECKING:
-    from gpuprompt.index import Hit, Record, VectorIndex
+    from gpuprompt.index import Hit, IndexLike, Record
 
 __all__ = ["GPUPromptVectorStore"]
 
@@ -103,8 +103,9 @@ class GPUPromptVectorStore(BasePydanticVectorStore):
         >>> index = VectorStoreIndex.from_vector_store(store)
 
     Args:
-        index: an existing :class:`gpuprompt.VectorIndex` to wrap (then ``dim``, ``metric``,
-            ``backend``, ``device`` and ``index_options`` are taken from it or ignored).
+        index: an existing core index to wrap: a :class:`gpuprompt.VectorIndex`, a
+            :class:`gpuprompt.index.MilvusIndex` or any :class:`gpuprompt.index.IndexLike` (then
+            ``dim``, ``metric``, ``backend``, ``device`` and ``index_options`` are taken from it or ignored).
         **kwargs: the fields below.
     """
 
@@ -133,15 +134,14 @@ class GPUPromptVectorStore(BasePydanticVectorStore):
         description="MMR: candidates fetched = similarity_top_k x this (at least 20).",
     )
 
-    _index: VectorIndex | None = PrivateAttr(default=None)
+    _index: IndexLike | None = PrivateAttr(default=None)
     _index_lock: threading.Lock = PrivateAttr(default_factory=threading.Lock)
 
-    def __init__(self, *, index: VectorIndex | None = None, **kwargs: Any) -> None:
+    def __init__(self, *, index: IndexLike | None = None, **kwargs: Any) -> None:
         if index is not None:
-            from gpuprompt.index import VectorIndex
+            from gpuprompt.index import check_index
 
-            if not isinstance(index, VectorIndex):
-                raise ConfigurationError(f"'index' must be a gpuprompt.VectorIndex or None (got {describe(index)}).")
+            check_index(index, allow_none=True)
             kwargs.setdefault("dim", index.dim)
             kwargs.setdefault("metric", index.metric)
         check_options("index_options", kwargs.get("index_options"), ("dim", "metric", "backend", "device"))
@@ -169,13 +169,13 @@ class GPUPromptVectorStore(BasePydanticVectorStore):
 
     # ------------------------------------------------------------------ the core object
     @property
-    def client(self) -> VectorIndex | None:
-        """The core :class:`gpuprompt.VectorIndex` (None until the dimension is known)."""
+    def client(self) -> IndexLike | None:
+        """The core index, a VectorIndex or MilvusIndex (None until the dimension is known)."""
         if self._index is None and self.dim is not None:
             return self._ensure_index(self.dim)
         return self._index
 
-    def _ensure_index(self, dim: int) -> VectorIndex:
+    def _ensure_index(self, dim: int) -> IndexLike:
         with self._index_lock:
             if self._index is None:
                 from gpuprompt.index import VectorIndex
@@ -517,9 +517,9 @@ class GPUPromptVectorStore(BasePydanticVectorStore):
         """
         _check_local_fs(fs)
         persist_path = check_path(persist_path, "persist_path")
-        from gpuprompt.index import VectorIndex
+        from gpuprompt.index import load_index
 
-        return cls(index=VectorIndex.load(persist_path, device=device), device=device, **kwargs)
+        return cls(index=load_index(persist_path, device=device), device=device, **kwargs)
 
     @classmethod
     def from_persist_dir(

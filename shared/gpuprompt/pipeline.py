@@ -21,7 +21,7 @@ from gpuprompt.llm._types import MAX_TOKENS_LIMIT
 if TYPE_CHECKING:
     from gpuprompt.context import ContextCache, Turn
     from gpuprompt.embedder import Embedder
-    from gpuprompt.index import Hit, VectorIndex
+    from gpuprompt.index import Hit, IndexLike
     from gpuprompt.llm import LLMEngine, Usage
 
 __all__ = ["DEFAULT_SYSTEM_PROMPT", "RAGAnswer", "RAGPipeline", "StageTimings", "format_facts"]
@@ -87,7 +87,8 @@ MAX_K = 2**31 - 1
 
 
 class RAGPipeline:
-    """Answer questions in sessions over a :class:`~gpuprompt.VectorIndex` of documents.
+    """Answer questions in sessions over an index of documents: a :class:`~gpuprompt.VectorIndex`,
+    a :class:`~gpuprompt.index.MilvusIndex`, or any :class:`~gpuprompt.index.IndexLike`.
 
     Example:
         >>> from gpuprompt import RAGPipeline, VectorIndex, get_runtime
@@ -116,7 +117,7 @@ class RAGPipeline:
 
     def __init__(
         self,
-        index: VectorIndex,
+        index: IndexLike,
         llm: LLMEngine,
         *,
         embedder: Embedder | None = None,
@@ -134,7 +135,9 @@ class RAGPipeline:
         check_int(max_tokens, "max_tokens", min=1, max=MAX_TOKENS_LIMIT, error=ConfigurationError)
         temperature = check_number(temperature, "temperature", min=0.0, max=100.0, error=ConfigurationError)
         check_str(system_prompt, "system_prompt", error=ConfigurationError)
-        _check_component("index", index, ("asearch",), "a gpuprompt VectorIndex")
+        from gpuprompt.index._protocol import check_index
+
+        check_index(index)
         _check_component("llm", llm, ("agenerate",), "a gpuprompt LLMEngine")
         _check_component("embedder", embedder, ("aembed_tensor",), "a gpuprompt Embedder or None", optional=True)
         _check_component("memory", memory, ("awindow", "aextend"), "a gpuprompt ContextCache or None", optional=True)

@@ -19,8 +19,10 @@ EXPECTED_ALL = [
     "GenerationResult",
     "Hit",
     "IndexConfig",
+    "IndexLike",
     "LLMEngine",
     "MicroBatcher",
+    "MilvusIndex",
     "RAGAnswer",
     "RAGPipeline",
     "Record",
@@ -28,6 +30,9 @@ EXPECTED_ALL = [
     "StageTimings",
     "StreamDelta",
     "Timings",
+    "ToolCall",
+    "ToolCallDelta",
+    "ToolSpec",
     "Turn",
     "Usage",
     "VectorIndex",
@@ -47,10 +52,10 @@ def test_all_is_pinned() -> None:
 def test_import_and_construction_load_no_heavy_library() -> None:
     code = (
         "import sys, gpuprompt\n"
-        "from gpuprompt import Embedder, ContextCache, LLMEngine, MicroBatcher, Runtime, VectorIndex\n"
-        "Embedder(); LLMEngine(); VectorIndex(384); ContextCache(); Runtime().embedder(batch_size=4)\n"
+        "from gpuprompt import Embedder, ContextCache, LLMEngine, MicroBatcher, MilvusIndex, Runtime, VectorIndex\n"
+        "Embedder(); LLMEngine(); VectorIndex(384); MilvusIndex(4); ContextCache(); Runtime().embedder(batch_size=4)\n"
         "Runtime().llm(backend='transformers')\n"
-        "heavy = [m for m in ('torch', 'faiss', 'vllm', 'transformers', 'sentence_transformers') if m in sys.modules]\n"
+        "heavy = [m for m in ('torch', 'faiss', 'vllm', 'transformers', 'sentence_transformers', 'pymilvus', 'ray', 'redis', 'onnxruntime', 'xgrammar') if m in sys.modules]\n"
         "print(','.join(heavy))\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()

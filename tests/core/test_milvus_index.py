@@ -1,0 +1,334 @@
+"""MilvusIndex conformance on Milvus Lite: the VectorIndex contract (upsert, delete, get, ids, search
+scores per metric, MMR, groups, async twins, typed errors that change nothing), coalesced concurrent
+searches, the save/load pointer, options and schema checks."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import subprocess
+import sys
+import threading
+import uuid
+
+import numpy as np
+import pytest
+
+pytest.importorskip("pymilvus")
+if importlib.util.find_spec("milvus_lite") is None:
+    pytest.skip("milvus-lite is not installed", allow_module_level=True)
+
+from gpuprompt import VectorIndex
+from gpuprompt.errors import (
+    ClosedError,
+    ConfigurationError,
+    DimensionMismatchError,
+    FilterError,
+    InputTypeError,
+    InvalidInputError,
+    SnapshotError,
+)
+from gpuprompt.index import IndexLike, MilvusIndex, check_index, load_index
+
+DIM = 8
+
+
+@pytest.fixture(scope="module")
+def uri(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """One Milvus Lite file for the module; each test takes its own collection."""
+    return str(tmp_path_factory.getbasetemp() / "milvus_index.db")
+
+
+def fresh(uri: str, **options) -> MilvusIndex:
+    return MilvusIndex(options.pop("dim", DIM), uri=uri, collection=f"c_{uuid.uuid4().hex}", **options)
+
+
+@pytest.fixture(scope="module")
+def data():
+    rng = np.random.default_rng(3)
+    vectors = rng.standard_normal((60, DIM)).astype(np.float32)
+    metas = [{"i": i, "group": i % 5, "tags": [f"t{i % 3}"], "half": i % 2 == 0} for i in range(60)]
+    return {
+        "ids": [f"d{i}" for i in range(60)],
+        "vectors": vectors,
+        "docs": [f"doc {i}" for i in range(60)],
+        "metas": metas,
+        "queries": rng.standard_normal((4, DIM)).astype(np.float32),
+    }
+
+
+def test_construction_connects_to_nothing_and_importing_loads_no_pymilvus(tmp_path) -> None:
+    code = (
+        "import sys, gpuprompt\n"
+        "from gpuprompt import MilvusIndex\n"
+        f"MilvusIndex(4, uri={str(tmp_path / 'x.db')!r}, scalar_fields={{'a': 'str'}})\n"
+        "print('pymilvus' in sys.modules, 'torch' in sys.modules)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+    assert out == "False False"
+    assert not (tmp_path / "x.db").exists()
+
+
+def test_both_indexes_are_index_like(uri) -> None:
+    index = fresh(uri)
+    assert check_index(index) is index and check_index(VectorIndex(DIM)) is not None
+    assert isinstance(VectorIndex(DIM), IndexLike)
+    with pytest.raises(ConfigurationError, match="'index' must be a gpuprompt.VectorIndex"):
+        check_index("not an index")
+
+
+@pytest.mark.parametrize("metric", ["cosine", "ip", "l2"])
+def test_search_matches_vector_index_scores_and_order(uri, data, metric: str) -> None:
+    milvus = fresh(uri, metric=metric, index_type="FLAT")
+    local = VectorIndex(DIM, metric=metric, backend="torch", device="cpu")
+    for index in (milvus, local):
+        assert index.add(data["ids"], data["vectors"], documents=data["docs"], metadatas=data["metas"]) == data["ids"]
+    got, want = milvus.search(data["queries"], k=7), local.search(data["queries"], k=7)
+    for g, w in zip(got, want):
+        assert [h.id for h in g] == [h.id for h in w]
+        np.testing.assert_allclose([h.score for h in g], [h.score for h in w], rtol=1e-4, atol=1e-4)
+        assert [(h.document, h.metadata) for h in g] == [(h.document, h.metadata) for h in w]
+    if metric == "l2":
+        assert all(0 < h.score <= 1 for row in got for h in row)
+    milvus.close()
+
+
+def test_hnsw_default_finds_the_exact_neighbours_on_a_small_collection(uri, data) -> None:
+    milvus = fresh(uri)
+    assert milvus.options.index_type == "HNSW"
+    milvus.add(data["ids"], data["vectors"])
+    local = VectorIndex(DIM, backend="torch", device="cpu")
+    local.add(data["ids"], data["vectors"])
+    got = [[h.id for h in row] for row in milvus.search(data["queries"], k=10)]
+    assert got == [[h.id for h in row] for row in local.search(data["queries"], k=10)]
+
+
+def test_upsert_delete_get_ids_count(uri, data) -> None:
+    index = fresh(uri)
+    assert len(index) == 0 and index.search(data["queries"][0], k=3) == [[]]
+    index.add(["a", "b", "a"], data["vectors"][:3], documents=["x", "y", "z"], metadatas=[{"n": 1}, None, {"n": 3}])
+    assert index.count == 2 and sorted(index.ids()) == ["a", "b"]
+    [a, b, a2] = index.get(["a", "b", "a"])
+    assert a.document == "z" and a.metadata == {"n": 3} and b.metadata == {} and a2 == a
+    np.testing.assert_array_equal(a.vector, data["vectors"][2])
+    assert index.get(["missing"]) == [] and index.get([]) == []
+    generated = index.add(None, data["vectors"][3:5])
+    assert len(generated) == 2 and all(len(key) == 32 for key in generated)
+    assert index.delete(["a", "a", "missing"]) == 1
+    assert sorted(index.ids()) == sorted(["b", *generated])
+    assert index.search(data["vectors"][:1], k=10)[0][0].id != "a"
+    index.clear()
+    assert len(index) == 0 and index.ids() == []
+    index.add(["c"], data["vectors"][:1])
+    assert index.ids() == ["c"]
+
+
+def test_k_larger_than_count_and_empty_queries(uri, data) -> None:
+    index = fresh(uri)
+    index.add(["a", "b"], data["vectors"][:2])
+    assert [len(row) for row in index.search(data["queries"], k=50)] == [2, 2, 2, 2]
+    assert [len(row) for row in index.search(data["queries"], k=5000)] == [2, 2, 2, 2]
+    assert index.search(np.empty((0, DIM)), k=3) == []
+
+
+@pytest.mark.parametrize(
+    "flt",
+    [{"group": 3}, {"group": {"$ne": 3}}, {"i": {"$lt": 3}}, {"tags": {"$contains": "t1"}}, {"$not": {"half": True}}],
+)
+def test_filtered_search_returns_exactly_min_k_matches(uri, data, flt: dict) -> None:
+    milvus = fresh(uri, index_type="FLAT")
+    local = VectorIndex(DIM, backend="torch", device="cpu")
+    for index in (milvus, local):
+        index.add(data["ids"], data["vectors"], metadatas=data["metas"])
+    for k in (1, 5, 40):
+        got, want = milvus.search(data["queries"], k=k, filter=flt), local.search(data["queries"], k=k, filter=flt)
+        assert [[h.id for h in row] for row in got] == [[h.id for h in row] for row in want]
+
+
+def test_a_filter_milvus_cannot_narrow_is_topped_up_exactly(uri, data) -> None:
+    """`$not` of an ordering is not narrowed in Milvus: the re-check drops most of the window."""
+    milvus = fresh(uri, index_type="FLAT")
+    local = VectorIndex(DIM, backend="torch", device="cpu")
+    for index in (milvus, local):
+        index.add(data["ids"], data["vectors"], metadatas=data["metas"])
+    flt = {"$not": {"i": {"$lt": 57}}}
+    got = milvus.search(data["queries"], k=3, filter=flt)
+    assert [[h.id for h in row] for row in got] == [[h.id for h in row] for row in local.search(data["queries"], k=3, filter=flt)]
+    assert all(len(row) == 3 for row in got)
+
+
+def test_mmr_and_groups_match_vector_index(uri, data) -> None:
+    milvus = fresh(uri, index_type="FLAT")
+    local = VectorIndex(DIM, backend="torch", device="cpu")
+    for index in (milvus, local):
+        index.add(data["ids"], data["vectors"], documents=data["docs"], metadatas=data["metas"])
+    q = data["queries"][0]
+    for kwargs in ({"k": 4, "fetch_k": 20}, {"k": 3, "fetch_k": 30, "lambda_mult": 0.2, "filter": {"group": {"$ne": 0}}}):
+        assert [h.id for h in milvus.mmr(q, **kwargs)] == [h.id for h in local.mmr(q, **kwargs)]
+    assert milvus.mmr(q, k=3, filter={"group": 99}) == []
+    groups = milvus.search_groups(q, 3, group_by="group")
+    assert [h.id for h in groups] == [h.id for h in local.search_groups(q, 3, group_by="group")]
+
+
+async def test_async_twins(uri, data) -> None:
+    index = fresh(uri, index_type="FLAT")
+    assert await index.aadd(data["ids"][:10], data["vectors"][:10], metadatas=data["metas"][:10]) == data["ids"][:10]
+    assert sorted(await index.aids({"group": 1})) == ["d1", "d6"]
+    assert [r.id for r in await index.aget(["d3"])] == ["d3"]
+    hits = await index.asearch(data["vectors"][:1], k=1)
+    assert hits[0][0].id == "d0"
+    assert len(await index.ammr(data["queries"][0], k=2)) == 2
+    assert await index.adelete(["d0", "nope"]) == 1
+    await index.aclear()
+    assert len(index) == 0
+
+
+def test_concurrent_searches_are_coalesced_into_multi_query_calls(uri, data) -> None:
+    index = fresh(uri, index_type="FLAT", max_wait_ms=20)
+    index.add(data["ids"], data["vectors"])
+    local = VectorIndex(DIM, backend="torch", device="cpu")
+    local.add(data["ids"], data["vectors"])
+    results: dict[int, list[str]] = {}
+    barrier = threading.Barrier(16)
+
+    def one(i: int) -> None:
+        barrier.wait()
+        results[i] = [h.id for h in index.search(data["vectors"][i], k=3)[0]]
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(16)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert results == {i: [h.id for h in local.search(data["vectors"][i], k=3)[0]] for i in range(16)}
+    assert index.stats().batcher.max_batch_size > 1
+
+    async def many() -> list:
+        return await asyncio.gather(*(index.asearch(data["vectors"][i], k=2) for i in range(16)))
+
+    assert [row[0][0].id for row in asyncio.run(many())] == data["ids"][:16]
+
+
+def test_bad_input_is_typed_and_changes_nothing(uri, data) -> None:
+    index = fresh(uri, scalar_fields={"price": "float", "lang": "str"})
+    index.add(["a"], data["vectors"][:1], metadatas=[{"price": 3, "lang": "en"}])
+    bad_calls = [
+        (lambda: index.add(["b"], np.ones((1, DIM + 1))), DimensionMismatchError),
+        (lambda: index.add(["b"], np.full((1, DIM), np.nan)), InvalidInputError),
+        (lambda: index.add(["b", "c"], data["vectors"][:1]), InvalidInputError),
+        (lambda: index.add(["b"], data["vectors"][:1], metadatas=[{"price": "cheap"}]), InvalidInputError),
+        (lambda: index.add(["b"], data["vectors"][:1], metadatas=[{"x": {1, 2}}]), InvalidInputError),
+        (lambda: index.add(["b"], data["vectors"][:1], documents=["x" * 70_000]), InvalidInputError),
+        (lambda: index.add(["b" * 5000], data["vectors"][:1]), InvalidInputError),
+        (lambda: index.add("b", data["vectors"][:1]), InputTypeError),
+        (lambda: index.search(data["queries"], k=0), InvalidInputError),
+        (lambda: index.search(data["queries"], k=3, filter={"price": {"$gt": [1]}}), FilterError),
+        (lambda: index.ids(filter={"$nope": 1}), FilterError),
+        (lambda: index.mmr(data["queries"], k=2), InvalidInputError),
+        (lambda: index.mmr(data["queries"][0], lambda_mult=2), InvalidInputError),
+        (lambda: index.delete("a"), InputTypeError),
+    ]
+    for call, error in bad_calls:
+        with pytest.raises(error):
+            call()
+    assert index.ids() == ["a"] and index.get(["a"])[0].metadata == {"price": 3, "lang": "en"}
+
+
+@pytest.mark.parametrize(
+    ("options", "words"),
+    [
+        ({"metric": "dot"}, "metric"),
+        ({"uri": "kb.sqlite"}, "'.db'"),
+        ({"collection": "1bad-name"}, "collection"),
+        ({"index_type": "GPU_MAGIC"}, "GPU_CAGRA"),
+        ({"scalar_fields": {"price": "decimal"}}, "scalar_fields"),
+        ({"scalar_fields": {"vector": "str"}}, "scalar_fields key"),
+        ({"index_params": {"M": [16]}}, "index_params"),
+        ({"max_batch_size": 0}, "max_batch_size"),
+        ({"nope": 1}, "unknown MilvusIndex option"),
+    ],
+)
+def test_bad_options_are_refused_at_construction(options: dict, words: str) -> None:
+    with pytest.raises(ConfigurationError, match=words):
+        MilvusIndex(DIM, **options)
+    with pytest.raises(ConfigurationError):
+        MilvusIndex.check_options(**options)
+
+
+def test_gpu_index_types_are_named_and_accepted() -> None:
+    for name in ("GPU_CAGRA", "GPU_IVF_FLAT", "GPU_IVF_PQ", "GPU_BRUTE_FORCE"):
+        assert MilvusIndex(DIM, index_type=name, uri="x.db").options.index_type == name
+
+
+def test_an_existing_collection_must_agree(uri, data) -> None:
+    index = fresh(uri)
+    index.add(["a"], data["vectors"][:1])
+    name = index.options.collection
+    again = MilvusIndex(DIM, uri=uri, collection=name)
+    assert again.ids() == ["a"]
+    with pytest.raises(ConfigurationError, match="dim=8"):
+        MilvusIndex(DIM + 1, uri=uri, collection=name).ids()
+    with pytest.raises(ConfigurationError, match="metric"):
+        MilvusIndex(DIM, uri=uri, collection=name, metric="l2").ids()
+
+
+def test_save_writes_a_pointer_and_load_reopens_the_collection(uri, data, tmp_path) -> None:
+    index = fresh(uri, metric="ip", scalar_fields={"group": "int"})
+    index.add(data["ids"][:5], data["vectors"][:5], metadatas=data["metas"][:5])
+    index.save(tmp_path / "kb")
+    assert (tmp_path / "kb" / "milvus.json").is_file()
+    loaded = load_index(tmp_path / "kb")
+    assert isinstance(loaded, MilvusIndex)
+    assert (loaded.dim, loaded.metric, loaded.options.scalar_fields) == (DIM, "ip", {"group": "int"})
+    assert sorted(loaded.ids({"group": {"$lt": 2}})) == ["d0", "d1"]
+    direct = MilvusIndex.load(uri, collection=index.options.collection)
+    assert direct.count == 5
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / "milvus.json").write_text("{not json")
+    with pytest.raises(SnapshotError):
+        load_index(tmp_path / "bad")
+    with pytest.raises(SnapshotError, match="no Milvus collection"):
+        MilvusIndex.load(uri, collection="never_created")
+
+
+def test_close_refuses_later_calls(uri, data) -> None:
+    index = fresh(uri)
+    index.add(["a"], data["vectors"][:1])
+    index.close()
+    with pytest.raises(ClosedError):
+        index.search(data["queries"], k=1)
+    with pytest.raises(ClosedError):
+        index.ids()
+
+
+def test_the_embedder_is_recorded_and_another_is_refused(uri, data) -> None:
+    from gpuprompt.errors import EmbedderMismatchError
+
+    index = fresh(uri)
+    index.add(["a"], data["vectors"][:1], embedder="minilm@1")
+    assert index.embedder == "minilm@1"
+    with pytest.raises(EmbedderMismatchError):
+        index.add(["b"], data["vectors"][1:2], embedder="other@2")
+    index.add(["b"], data["vectors"][1:2], embedder="other@2", allow_other_embedder=True)
+    assert index.embedder == "minilm@1" and sorted(index.ids()) == ["a", "b"]
+    index.clear()
+    assert index.embedder is None
+
+
+def test_rag_pipeline_answers_over_a_milvus_index(uri, embedder, tf_engine) -> None:
+    """RAGPipeline takes any IndexLike: the sources come from the Milvus collection."""
+    from gpuprompt import ContextCache, RAGPipeline
+    from gpuprompt.demo import catalogue
+
+    products = catalogue(20)
+    texts = [p["text"] for p in products]
+    vectors = embedder.embed(texts)
+    milvus = fresh(uri, dim=embedder.dim, index_type="FLAT")
+    local = VectorIndex(embedder.dim, backend="torch", device="cpu")
+    for index in (milvus, local):
+        index.add([p["id"] for p in products], vectors, documents=texts, metadatas=[p["metadata"] for p in products])
+    rag = RAGPipeline(milvus, tf_engine, embedder=embedder, memory=ContextCache(embedder), k=3, max_tokens=4)
+    question = "Will the red dress shrink after washing?"
+    reply = rag.answer("milvus-user", question)
+    assert reply.answer
+    assert [h.id for h in reply.sources] == [h.id for h in local.search(embedder.embed([question]), 3)[0]]
