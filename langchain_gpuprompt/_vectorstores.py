@@ -197,6 +197,13 @@ class GPUPromptVectorStore(VectorStore):
             return await device.aembed_tensor([query])
         return check_real_matrix([await self.embedding.aembed_query(query)], "embedding")
 
+    def _embedder_identity(self) -> str | None:
+        """The core embedder's identity (model, quantisation), recorded by the index at the first
+        add: vectors of another gpuprompt embedder are then refused (``EmbedderMismatchError``).
+        None for other Embeddings classes, whose vectors the index cannot tell apart."""
+        device = self._device_embeddings
+        return device.embedder.identity if device is not None else None
+
     def _embedding_dim(self) -> int:
         device = self._device_embeddings
         if device is not None:
@@ -231,7 +238,7 @@ class GPUPromptVectorStore(VectorStore):
             return []
         vectors = self.embed_documents_matrix(texts)
         index = self.ensure_index(int(vectors.shape[1]))
-        return index.add(ids, vectors, documents=texts, metadatas=metadatas)
+        return index.add(ids, vectors, documents=texts, metadatas=metadatas, embedder=self._embedder_identity())
 
     async def aadd_texts(
         self,
@@ -249,7 +256,7 @@ class GPUPromptVectorStore(VectorStore):
             return []
         vectors = await self.aembed_documents_matrix(texts)
         index = self.ensure_index(int(vectors.shape[1]))
-        return await index.aadd(ids, vectors, documents=texts, metadatas=metadatas)
+        return await index.aadd(ids, vectors, documents=texts, metadatas=metadatas, embedder=self._embedder_identity())
 
     def add_documents(self, documents: list[Document], **kwargs: Any) -> list[str]:
         """Upsert ``documents``; ids come from ``ids=...``, else from each ``Document.id``."""

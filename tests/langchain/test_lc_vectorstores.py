@@ -180,3 +180,18 @@ def test_bad_input_is_typed_and_changes_nothing(store: GPUPromptVectorStore) -> 
 
     with pytest.raises(ConfigurationError, match="'metric'"):
         GPUPromptVectorStore(store.embeddings, metric="manhattan")
+
+
+def test_the_index_records_the_embedder_and_refuses_another(lc_embeddings) -> None:  # noqa: ANN001
+    """Vectors of two gpuprompt embedders do not share a space: the store passes its embedder's
+    identity, the index records it at the first add and refuses vectors of another one."""
+    from gpuprompt.errors import EmbedderMismatchError
+    from langchain_gpuprompt import GPUPromptEmbeddings, GPUPromptVectorStore
+
+    store = GPUPromptVectorStore(lc_embeddings)
+    store.add_texts(["red running shoes"], ids=["a"])
+    assert store.ensure_index(lc_embeddings.embedder.dim).config.embedder == lc_embeddings.embedder.identity
+    other = GPUPromptVectorStore(GPUPromptEmbeddings(normalize=False), index=store.ensure_index(lc_embeddings.embedder.dim))
+    with pytest.raises(EmbedderMismatchError, match="allow_other_embedder"):
+        other.add_texts(["blue boots"], ids=["b"])
+    assert store.get_by_ids(["a", "b"])[0].id == "a" and len(store.get_by_ids(["b"])) == 0
