@@ -207,6 +207,11 @@ class ContextCache(StoreSync):
             self._embedder = get_runtime().embedder()
         return self._embedder
 
+    @property
+    def session_store(self) -> SessionStore | None:
+        """The store the sessions are written through to (None: this process's memory only)."""
+        return self._session_store
+
     # ------------------------------------------------------------------ validation
     @staticmethod
     def _check_session(session_id: Any) -> str:

@@ -182,7 +182,16 @@ class QualityError(ModelLoadError):
 
 
 class QueueFullError(GPUPromptError):
-    """A bounded request queue is full. Retry later or raise ``max_queue``."""
+    """A bounded request queue is full. Retry later or raise ``max_queue``.
+
+    Attributes:
+        retry_after: seconds the server asked the caller to wait before retrying (its
+            ``Retry-After`` header) when the queue was a remote one; None when unknown.
+    """
+
+    def __init__(self, *args: object, retry_after: float | None = None) -> None:
+        super().__init__(*args)
+        self.retry_after = retry_after
 
 
 class RequestTimeoutError(GPUPromptError, TimeoutError):

@@ -193,6 +193,7 @@ class RAGPipeline:
             ContextLengthError: the prompt does not fit even after dropping history.
         """
         from gpuprompt.llm import GenerationRequest
+        from gpuprompt.llm._types import affinity_key
 
         _check_text("session_id", session_id)
         _check_text("question", question)
@@ -215,6 +216,7 @@ class RAGPipeline:
             temperature=self.temperature,
             priority=priority,
             truncate="left",
+            session_id=affinity_key(session_id),  # a remote fleet keeps the session on one replica
         )
         result = await self.llm.agenerate(request)
         generated = time.perf_counter()

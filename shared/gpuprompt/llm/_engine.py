@@ -13,6 +13,7 @@ import threading
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from typing import Any
 
+from gpuprompt._device import resolve_device
 from gpuprompt.errors import (
     ClosedError,
     ConfigurationError,
@@ -29,7 +30,6 @@ from gpuprompt.llm._config import LLMConfig
 from gpuprompt.llm._job import End, Failure, Job, Text
 from gpuprompt.llm._policy import CallPolicy
 from gpuprompt.llm._types import EngineStats, GenerationRequest, GenerationResult, StreamDelta
-from gpuprompt._device import resolve_device
 from gpuprompt.models import BUNDLED_CHAT_MODEL, resolve_chat_model
 
 __all__ = ["LLMEngine"]
@@ -70,7 +70,7 @@ class LLMEngine:
             SmolLM2-135M-Instruct.
         config: a full :class:`LLMConfig` (then pass no other option).
         **options: the other :class:`LLMConfig` fields: ``backend`` (``"auto"``, ``"vllm"``,
-            ``"transformers"``), ``device``, ``max_model_len``, ``dtype``, ``max_num_seqs``,
+            ``"transformers"``, ``"remote"`` with ``base_url`` / ``api_key`` / ``session_header``), ``device``, ``max_model_len``, ``dtype``, ``max_num_seqs``,
             ``max_num_batched_tokens``, ``quantization``, ``gpu_memory_utilization``,
             ``tensor_parallel_size``, ...
 
@@ -146,7 +146,9 @@ class LLMEngine:
 
     @property
     def device(self) -> str:
-        """The resolved device string."""
+        """The resolved device string (``"remote"`` for ``backend="remote"``)."""
+        if self._device is None and self.config.backend == "remote":
+            self._device = "remote"
         if self._device is None:
             self._device = resolve_device(self.config.device)
         return self._device
@@ -216,6 +218,12 @@ class LLMEngine:
 
         assert self._model_path is not None
         choice = self.config.backend
+        if choice == "remote":  # the model runs on the server: no local device, no torch
+            from gpuprompt.llm._remote import RemoteBackend
+
+            remote = RemoteBackend(self.config, self._model_path, window, "remote")
+            remote.start()
+            return remote
         args = (self.config, self._model_path, window, self.device)
         if choice == "transformers":
             backend: Backend = TransformersBackend(*args)
@@ -541,7 +549,7 @@ class LLMEngine:
     def __enter__(self) -> LLMEngine:
         return self
 
-    def __exit__(self, *exc_info: Any) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self.close()
 
 

@@ -58,6 +58,17 @@ MAX_LOGIT_BIAS = 4096
 """Most entries in ``logit_bias``."""
 MAX_CHOICES = 4096
 """Most options in ``guided_choice``."""
+_SESSION_ID = re.compile(r"[!-~](?:[ -~]{0,254}[!-~])?")
+
+
+def affinity_key(session_id: str) -> str:
+    """A ``GenerationRequest.session_id`` for any conversation id: the id itself when it can travel in
+    an HTTP header, else a stable digest of it (a router only needs the same key for every turn)."""
+    if _SESSION_ID.fullmatch(session_id):
+        return session_id
+    import hashlib
+
+    return "sha256-" + hashlib.sha256(session_id.encode("utf-8", "surrogatepass")).hexdigest()[:40]
 
 
 @dataclass(frozen=True)
@@ -237,6 +248,9 @@ class GenerationRequest:
             assistant's tool calls together with their results) or, for a raw prompt, its oldest
             tokens.
         request_id: an id to find the request in logs; generated when None.
+        session_id: the conversation this request belongs to (visible ASCII, at most 256
+            characters); the remote backend sends it in its session header so a router keeps
+            the conversation on one replica. Other backends ignore it.
 
     Raises:
         InvalidInputError: a field is out of range (the message names it and what was got).
@@ -265,6 +279,7 @@ class GenerationRequest:
     parallel_tool_calls: bool = True
     truncate: Literal["error", "left"] = "error"
     request_id: str | None = None
+    session_id: str | None = None
     _guided: Mapping[str, Any] | None = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -307,6 +322,13 @@ class GenerationRequest:
         if self.request_id is not None and (not isinstance(self.request_id, str) or not self.request_id):
             raise InvalidInputError(f"'request_id' must be None or a non-empty str (got {describe(self.request_id)}).")
         check_str(self.request_id, "request_id", allow_none=True)
+        if self.session_id is not None and (
+            not isinstance(self.session_id, str) or not _SESSION_ID.fullmatch(self.session_id)
+        ):
+            raise InvalidInputError(
+                "'session_id' must be None or 1 to 256 visible ASCII characters (inner spaces allowed; it travels "
+                f"in an HTTP header) (got {describe(self.session_id)})."
+            )
         tools = check_tools(self.tools)
         set_(self, "tools", tools)
         set_(self, "tool_choice", check_tool_choice(self.tool_choice, tools))

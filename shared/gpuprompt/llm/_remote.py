@@ -1,0 +1,418 @@
+"""The remote backend: an OpenAI-compatible server (vLLM, a fleet behind vllm-router, or ``gpuprompt serve``).
+
+The engine still renders the chat template, fits the prompt to the context window and builds tool
+and output constraints with the model's own tokenizer (loaded here; no weights); this backend
+sends the prepared prompt to ``POST /v1/completions`` and streams the reply back as the job's
+events. A vLLM server gets the prompt as token ids, so its token counts are exactly ours;
+``gpuprompt serve`` (which refuses token-id prompts) gets the same tokens as text.
+
+Requests run on one private event-loop thread with one pooled ``httpx.AsyncClient``. Cancelling a
+job closes its stream, which aborts the request on the server. HTTP errors become the engine's
+typed errors; nothing is retried here (the engine's ``CallPolicy`` decides).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import threading
+from typing import Any, ClassVar
+
+from gpuprompt.errors import (
+    ClosedError,
+    ConfigurationError,
+    DependencyError,
+    EngineError,
+    InvalidInputError,
+    QueueFullError,
+    RequestTimeoutError,
+)
+from gpuprompt.llm._backend import Backend
+from gpuprompt.llm._job import Job
+
+__all__ = ["RemoteBackend"]
+
+logger = logging.getLogger(__name__)
+
+CONNECT_TIMEOUT_S = 10.0
+"""Most seconds to open a connection (a refused one fails at once)."""
+READ_TIMEOUT_S = 600.0
+"""Most seconds between two pieces of a reply (a queued request may wait this long for its first)."""
+PROBE_TIMEOUT_S = 30.0
+"""Most seconds for the start-up ``GET /v1/models``."""
+MAX_CONNECTIONS = 1024
+_CLOSE_TIMEOUT_S = 30.0
+_FINISH_REASONS = {"stop": "stop", "length": "length", "abort": "abort", "eos": "stop"}
+
+
+def api_root(base_url: str) -> str:
+    """The ``/v1`` root of a server given as ``http://host:port`` or ``http://host:port/v1``."""
+    root = base_url.rstrip("/")
+    return root if root.endswith("/v1") else f"{root}/v1"
+
+
+def error_from_status(status: int, body: Any, headers: Any = None, url: str = "") -> Exception:
+    """The typed error for an HTTP error answer (OpenAI envelope ``{"error": {...}}`` or text).
+
+    429 -> ``QueueFullError`` (with ``retry_after`` seconds when the server sent one), 400/404/413/
+    422 -> ``InvalidInputError`` with the server's message, 401/403 -> ``ConfigurationError``
+    (the API key), 408/504 -> ``RequestTimeoutError``, anything else -> ``EngineError``.
+    """
+    message = _message_of(body)
+    where = f"the LLM server at {url}" if url else "the LLM server"
+    text = f"{where} answered {status}: {message}"
+    if status == 429:
+        retry_after = _retry_after(headers)
+        suffix = f" (retry after {retry_after:g} s)" if retry_after is not None else ""
+        return QueueFullError(text + suffix, retry_after=retry_after)
+    if status in (400, 404, 413, 422):
+        return InvalidInputError(text)
+    if status in (401, 403):
+        return ConfigurationError(f"{text}; pass the server's key as api_key= (or GPUPROMPT_API_KEY).")
+    if status in (408, 504):
+        return RequestTimeoutError(text)
+    return EngineError(text)
+
+
+def _message_of(body: Any) -> str:
+    if isinstance(body, (bytes, bytearray)):
+        body = body.decode("utf-8", "replace")
+    if isinstance(body, str):
+        try:
+            body = json.loads(body)
+        except ValueError:
+            return body.strip()[:1000] or "(no message)"
+    if isinstance(body, dict):
+        error = body.get("error", body)
+        if isinstance(error, dict):
+            return str(error.get("message") or error.get("detail") or error)[:2000]
+        if isinstance(body.get("detail"), (str, list)):
+            return str(body["detail"])[:2000]
+        return str(error)[:2000]
+    return str(body)[:1000]
+
+
+def _retry_after(headers: Any) -> float | None:
+    value = headers.get("retry-after") if headers is not None else None
+    try:
+        seconds = float(value) if value is not None else None
+    except ValueError:
+        return None
+    return seconds if seconds is not None and seconds >= 0 else None
+
+
+class RemoteBackend(Backend):
+    """An OpenAI-compatible server behind :class:`~gpuprompt.LLMEngine` (``backend="remote"``).
+
+    The server must serve the same model as ``LLMEngine(model=...)`` names: its tokenizer renders
+    and counts the prompts here. Requests carry their ``session_id`` in ``config.session_header``
+    so a router hashing on it keeps a conversation on the replica that holds its prefix cache.
+    """
+
+    name: ClassVar[str] = "remote"
+    supports_structured_output: ClassVar[bool] = True
+    sampling_fields: ClassVar[frozenset[str]] = frozenset(
+        {"top_k", "min_p", "presence_penalty", "frequency_penalty", "repetition_penalty", "logit_bias"}
+    )
+    guided_kinds: ClassVar[frozenset[str]] = frozenset({"json", "json_object", "regex", "choice"})
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.root = api_root(self.config.base_url or "")
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._client: Any = None
+        self._httpx: Any = None
+        self._jobs: set[Job] = set()
+        self._jobs_lock = threading.Lock()
+        self._closed = False
+        self._tokenizer: Any = None
+        self._tokenizer_lock = threading.Lock()
+        self.server_kind = "openai"
+        """``"vllm"``, ``"gpuprompt"`` or ``"openai"`` (another server), from ``GET /v1/models``."""
+        self.served_model: str | None = None
+        self.token_id_prompts = True
+        """Whether prompts go as token ids (not to ``gpuprompt serve``, which refuses them)."""
+
+    def __repr__(self) -> str:
+        return f"<RemoteBackend {self.root!r} server={self.server_kind} model={self.served_model!r}>"
+
+    @property
+    def capabilities(self) -> dict[str, Any]:
+        capabilities = super().capabilities
+        capabilities["prefix_cache"] = self.server_kind == "vllm"
+        capabilities["server"] = self.server_kind
+        capabilities["base_url"] = self.root
+        return capabilities
+
+    # ------------------------------------------------------------------ start
+    def _headers(self) -> dict[str, str]:
+        headers = {"Accept": "application/json"}
+        if self.config.api_key:
+            headers["Authorization"] = f"Bearer {self.config.api_key}"
+        return headers
+
+    def start(self) -> None:
+        try:
+            import httpx
+        except ImportError as exc:
+            raise DependencyError("backend='remote' needs httpx: pip install httpx") from exc
+        self._httpx = httpx
+        models = self._probe(httpx)
+        self._choose_model(models)
+        if not self.token_id_prompts:
+            self._decode([])  # load the tokenizer now, not on the first request
+        loop = asyncio.new_event_loop()
+        thread = threading.Thread(target=_run_loop, args=(loop,), name="gpuprompt-remote-llm", daemon=True)
+        thread.start()
+        self._loop, self._thread = loop, thread
+
+        async def make_client() -> Any:
+            return httpx.AsyncClient(
+                headers=self._headers(),
+                timeout=httpx.Timeout(CONNECT_TIMEOUT_S, read=READ_TIMEOUT_S, pool=None),
+                limits=httpx.Limits(max_connections=MAX_CONNECTIONS, max_keepalive_connections=64),
+            )
+
+        self._client = asyncio.run_coroutine_threadsafe(make_client(), loop).result(_CLOSE_TIMEOUT_S)
+        logger.info("remote LLM backend at %s (%s server, model %r)", self.root, self.server_kind, self.served_model)
+
+    def _probe(self, httpx: Any) -> list[dict[str, Any]]:
+        """``GET /v1/models``: the server is up, speaks the API, and serves which models."""
+        url = f"{self.root}/models"
+        try:
+            reply = httpx.get(url, headers=self._headers(), timeout=httpx.Timeout(PROBE_TIMEOUT_S,
+                                                                                  connect=CONNECT_TIMEOUT_S))
+        except httpx.HTTPError as exc:
+            raise EngineError(
+                f"could not reach the LLM server at {url} ({type(exc).__name__}: {exc}); start it or fix base_url."
+            ) from exc
+        if reply.status_code != 200:
+            raise error_from_status(reply.status_code, reply.content, reply.headers, url)
+        try:
+            data = reply.json()["data"]
+            return [card for card in data if isinstance(card, dict) and isinstance(card.get("id"), str)]
+        except (ValueError, KeyError, TypeError) as exc:
+            raise EngineError(f"{url} did not answer an OpenAI model list; is base_url an OpenAI-compatible API?") \
+                from exc
+
+    def _choose_model(self, cards: list[dict[str, Any]]) -> None:
+        owners = {str(card.get("owned_by", "")) for card in cards}
+        self.server_kind = "vllm" if "vllm" in owners else "gpuprompt" if "gpuprompt" in owners else "openai"
+        self.token_id_prompts = self.server_kind != "gpuprompt"
+        wanted = {self.config.model, self.model_path} - {None}
+        tails = {str(name).rstrip("/").rsplit("/", 1)[-1] for name in wanted}
+        chosen = next((c for c in cards if c["id"] in wanted), None) or next(
+            (c for c in cards if c["id"].rstrip("/").rsplit("/", 1)[-1] in tails), None
+        )
+        if chosen is None:
+            # The server's own default model; the caller vouches that it is the same model.
+            if cards:
+                logger.warning(
+                    "the LLM server at %s serves %s, none named like %r; its default model is used and must be "
+                    "the same model (the prompts are rendered with the local tokenizer)",
+                    self.root, [c["id"] for c in cards], self.config.model or self.model_path,
+                )
+            self.served_model = None
+        else:
+            self.served_model = chosen["id"]
+            limit = chosen.get("max_model_len")
+            if isinstance(limit, int) and 0 < limit < self.context_window:
+                raise ConfigurationError(
+                    f"the server's model {chosen['id']!r} holds {limit} tokens but max_model_len is "
+                    f"{self.context_window}; pass max_model_len={limit} (or start the server with a longer one)."
+                )
+
+    # ------------------------------------------------------------------ requests
+    def body(self, job: Job) -> dict[str, Any]:
+        """The JSON body of ``POST /v1/completions`` for ``job`` (streamed, usage included)."""
+        prepared = job.prepared
+        request = prepared.request
+        body: dict[str, Any] = {
+            "max_tokens": prepared.max_tokens,
+            "temperature": request.temperature,
+            "top_p": request.top_p,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
+        if self.served_model is not None:
+            body["model"] = self.served_model
+        if self.token_id_prompts:
+            body["prompt"] = list(prepared.token_ids)
+        else:
+            # gpuprompt serve re-tokenizes this text into the same ids (special tokens included).
+            body["prompt"] = self._decode(prepared.token_ids)
+        if request.stop:
+            body["stop"] = list(request.stop)
+        if request.seed is not None:
+            body["seed"] = request.seed
+        if request.priority:
+            body["priority"] = request.priority
+        for name, default in (("top_k", 0), ("min_p", 0.0), ("presence_penalty", 0.0), ("frequency_penalty", 0.0),
+                              ("repetition_penalty", 1.0)):
+            value = getattr(request, name)
+            if value != default:
+                body[name] = value
+        if request.logit_bias:
+            body["logit_bias"] = {str(token): bias for token, bias in request.logit_bias.items()}
+        guided = prepared.guided
+        if guided is not None:
+            # vLLM 0.32 reads ``structured_outputs``; gpuprompt serve reads the older extra fields and
+            # ``response_format``. Each server ignores the other's fields. Compact JSON, as in process.
+            body["structured_outputs"] = {**guided, "disable_any_whitespace": True}
+            if "json" in guided:
+                body["guided_json"] = guided["json"]
+            elif "json_object" in guided:
+                body["response_format"] = {"type": "json_object"}
+            elif "regex" in guided:
+                body["guided_regex"] = guided["regex"]
+            elif "choice" in guided:
+                body["guided_choice"] = list(guided["choice"])
+        return body
+
+    def _request_headers(self, job: Job) -> dict[str, str]:
+        session = getattr(job.prepared.request, "session_id", None)
+        header = self.config.session_header
+        return {header: session} if header and session else {}
+
+    def submit(self, job: Job) -> None:
+        loop = self._loop
+        if self._closed or loop is None or self._client is None:
+            raise ClosedError("this remote LLM engine was closed; create a new LLMEngine.")
+        body = self.body(job)
+        with self._jobs_lock:
+            self._jobs.add(job)
+        job.set_cancel_hook(lambda: _call_soon(loop, self._cancel, job))
+        if not _call_soon(loop, self._spawn, job, body):
+            with self._jobs_lock:
+                self._jobs.discard(job)
+            raise ClosedError("this remote LLM engine was closed; create a new LLMEngine.")
+
+    def _spawn(self, job: Job, body: dict[str, Any]) -> None:
+        # On the loop thread. A job cancelled before it got here never reaches the server.
+        if job.cancelled.is_set() or job.ended:
+            job.finish("abort", 0)
+            with self._jobs_lock:
+                self._jobs.discard(job)
+            return
+        task = asyncio.get_running_loop().create_task(self._run(job, body))
+        # A task cancelled before its first step never runs _run's handlers: end the job here then.
+        task.add_done_callback(lambda _task: self._ended(job))
+        job.backend_state = task
+
+    def _ended(self, job: Job) -> None:
+        job.finish("abort", 0)  # a no-op when _run ended it
+        with self._jobs_lock:
+            self._jobs.discard(job)
+
+    def _cancel(self, job: Job) -> None:
+        # On the loop thread, after _spawn for the same job (call_soon keeps FIFO order).
+        task = job.backend_state
+        if isinstance(task, asyncio.Task) and not task.done():
+            task.cancel()
+
+    def _decode(self, token_ids: list[int]) -> str:
+        with self._tokenizer_lock:
+            if self._tokenizer is None:
+                from transformers import AutoTokenizer
+
+                self._tokenizer = AutoTokenizer.from_pretrained(self.model_path)
+            return self._tokenizer.decode(token_ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+
+    async def _run(self, job: Job, body: dict[str, Any]) -> None:
+        httpx = self._httpx
+        url = f"{self.root}/completions"
+        tokens = cached = 0
+        reason = "length"
+        try:
+            async with self._client.stream("POST", url, json=body, headers=self._request_headers(job)) as reply:
+                if reply.status_code != 200:
+                    raise error_from_status(reply.status_code, await reply.aread(), reply.headers, self.root)
+                job.mark_started()
+                async for line in reply.aiter_lines():
+                    if not line.startswith("data:"):
+                        continue
+                    data = line[5:].strip()
+                    if data == "[DONE]":
+                        break
+                    chunk = json.loads(data)
+                    if "error" in chunk and not chunk.get("choices"):
+                        error = chunk["error"]
+                        status = error.get("code") if isinstance(error, dict) else None
+                        raise error_from_status(status if isinstance(status, int) else 500, chunk, None, self.root)
+                    for choice in chunk.get("choices") or ():
+                        text = choice.get("text") or ""
+                        if text:
+                            job.mark_first_token()
+                            job.push_text(text)
+                        if choice.get("finish_reason"):
+                            reason = _FINISH_REASONS.get(str(choice["finish_reason"]), "stop")
+                    usage = chunk.get("usage")
+                    if usage:
+                        tokens = int(usage.get("completion_tokens") or 0)
+                        details = usage.get("prompt_tokens_details") or {}
+                        cached = int(details.get("cached_tokens") or 0) if isinstance(details, dict) else 0
+            job.finish(reason, tokens, cached)
+        except asyncio.CancelledError:
+            # Leaving the ``async with`` closed the connection: the server aborts the request.
+            job.finish("abort", tokens, cached)
+        except (QueueFullError, InvalidInputError, EngineError, ConfigurationError, RequestTimeoutError) as exc:
+            job.fail(exc)
+        except httpx.TimeoutException as exc:
+            job.fail(EngineError(f"the LLM server at {self.root} did not answer request {job.request_id} in time "
+                                 f"({type(exc).__name__})."))
+        except httpx.HTTPError as exc:
+            job.fail(EngineError(f"the LLM server at {self.root} failed on request {job.request_id}: "
+                                 f"{type(exc).__name__}: {exc}"))
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            job.fail(EngineError(f"the LLM server at {self.root} sent a malformed stream for {job.request_id}: {exc!r}"))
+        finally:
+            with self._jobs_lock:
+                self._jobs.discard(job)
+
+    # ------------------------------------------------------------------ shutdown
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        loop, client = self._loop, self._client
+        with self._jobs_lock:
+            jobs = list(self._jobs)
+        for job in jobs:
+            job.fail(ClosedError(f"the LLM engine was closed while request {job.request_id} was pending."))
+        if loop is not None and not loop.is_closed():
+
+            async def shutdown() -> None:
+                tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+                for task in tasks:
+                    task.cancel()
+                if tasks:
+                    await asyncio.wait(tasks, timeout=_CLOSE_TIMEOUT_S)
+                if client is not None:
+                    await client.aclose()
+
+            try:
+                asyncio.run_coroutine_threadsafe(shutdown(), loop).result(_CLOSE_TIMEOUT_S * 2)
+            except Exception:  # closing must go on
+                logger.exception("error while closing the remote LLM client")
+            loop.call_soon_threadsafe(loop.stop)
+            if self._thread is not None and self._thread is not threading.current_thread():
+                self._thread.join(_CLOSE_TIMEOUT_S)
+            if not loop.is_running():
+                loop.close()
+        self._client = None
+        self._loop = self._thread = None
+
+
+def _call_soon(loop: asyncio.AbstractEventLoop, fn: Any, *args: Any) -> bool:
+    try:
+        loop.call_soon_threadsafe(fn, *args)
+        return True
+    except RuntimeError:  # the loop is closed
+        return False
+
+
+def _run_loop(loop: asyncio.AbstractEventLoop) -> None:
+    asyncio.set_event_loop(loop)
+    loop.run_forever()
