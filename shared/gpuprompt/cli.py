@@ -77,27 +77,42 @@ def _demo(args: argparse.Namespace) -> int:
 def _serve(args: argparse.Namespace) -> int:
     try:
         from gpuprompt.server import serve
+        from gpuprompt.server._settings import ServeSettings, load_settings
     except ImportError as exc:
         print(f"the server needs the 'server' extra: pip install 'gpuprompt[server]' ({exc})", file=sys.stderr)
         return 2
-    # Options left unset keep serve()'s own defaults (one place for them).
-    options = {
-        "llm_backend": args.llm_backend,
-        "embedding_model": args.embedding_model,
-        "chat_model": args.chat_model,
-        "device": args.device,
-        "max_body_bytes": args.max_body_bytes,
-        "max_in_flight": args.max_in_flight,
-        "default_max_tokens": args.default_max_tokens,
-        "max_collections": args.max_collections,
-        "max_collection_records": args.max_collection_records,
-        "graceful_timeout_s": args.graceful_timeout,
-        "log_level": args.log_level,
-    }
-    options = {name: value for name, value in options.items() if value is not None}
-    if args.any_model_name:
-        options["strict_model_names"] = False
-    return serve(host=args.host, port=args.port, api_key=args.api_key, **options)
+    from gpuprompt.errors import ConfigurationError
+
+    # Flags given on the command line win over GPUPROMPT_* variables, which win over the defaults.
+    given = {name: getattr(args, name) for name in ServeSettings.model_fields if hasattr(args, name)}
+    try:
+        settings = load_settings(**given)
+    except ConfigurationError as exc:
+        print(f"gpuprompt serve: {exc}", file=sys.stderr)
+        return 2
+    return serve(**settings.serve_options())
+
+
+def _add_serve_flags(serve: argparse.ArgumentParser) -> None:
+    """One flag per :class:`~gpuprompt.server._settings.ServeSettings` field (each also ``GPUPROMPT_<FLAG>``)."""
+    import typing
+
+    try:
+        from gpuprompt.server._settings import ServeSettings, env_name, flag_name
+    except ImportError:  # without the server extra, `serve` only says how to install it
+        serve.add_argument("ignored", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
+        return
+    for name, info in ServeSettings.model_fields.items():
+        shown = "" if info.default is None else f"default: {info.default}; "
+        help_text = f"{info.description} ({shown}env {env_name(name)})"
+        options: dict = {"dest": name, "default": argparse.SUPPRESS, "help": help_text.replace("%", "%%")}
+        if info.annotation is bool:
+            serve.add_argument(flag_name(name), action="store_true", **options)
+            continue
+        for kind in (info.annotation, *typing.get_args(info.annotation)):
+            if typing.get_origin(kind) is typing.Literal:
+                options["choices"] = list(typing.get_args(kind))
+        serve.add_argument(flag_name(name), **options)
 
 
 def _positive_int(text: str) -> int:
@@ -132,25 +147,25 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--out", default="bench-results", help="output folder (default bench-results)")
     bench.set_defaults(func=_bench)
 
-    serve = sub.add_parser("serve", help="OpenAI-compatible HTTP server over the batched core")
-    serve.add_argument("--host", default="127.0.0.1")
-    serve.add_argument("--port", type=int, default=8000)
-    serve.add_argument("--api-key", default=os.environ.get("GPUPROMPT_API_KEY") or None,
-                       help="require 'Authorization: Bearer KEY' (default: $GPUPROMPT_API_KEY, else no key)")
-    serve.add_argument("--llm-backend", choices=["auto", "vllm", "transformers"], help="default: auto")
-    serve.add_argument("--embedding-model", help="local folder or hub id (default: bundled)")
-    serve.add_argument("--chat-model", help="local folder, .gguf file or hub id (default: bundled)")
-    serve.add_argument("--device", help="auto (default), cpu, cuda, cuda:N or mps")
-    serve.add_argument("--max-body-bytes", type=int, help="larger bodies get 413 (default 16 MiB)")
-    serve.add_argument("--max-in-flight", type=int, help="more concurrent model requests get 429 (default 1024)")
-    serve.add_argument("--default-max-tokens", type=int, help="when a request names none (default 512)")
-    serve.add_argument("--max-collections", type=int, help="most vector collections; more get 409 (default 64)")
-    serve.add_argument("--max-collection-records", type=int,
-                       help="most records in one collection; more get 409 (default 1,000,000)")
-    serve.add_argument("--any-model-name", action="store_true", help="accept any 'model' name (no 404)")
-    serve.add_argument("--graceful-timeout", type=float, help="seconds to drain on SIGTERM (default 60)")
-    serve.add_argument("--log-level", help="uvicorn log level (default info)")
+    serve = sub.add_parser(
+        "serve",
+        help="OpenAI-compatible HTTP server over the batched core",
+        description="Every flag can also be set by its GPUPROMPT_<FLAG> environment variable; a flag on the "
+        "command line wins.",
+    )
+    _add_serve_flags(serve)
     serve.set_defaults(func=_serve)
+
+    from gpuprompt import bulk
+
+    index_bulk = sub.add_parser(
+        "index-bulk",
+        help="chunk, embed and index a corpus into a snapshot folder or Milvus (resumable; --ray for Ray Data)",
+        description="JSONL / Parquet / a folder of text files -> chunks -> the embedder -> a VectorIndex snapshot "
+        "folder or a Milvus collection. Run it again after a crash: chunks already written are not embedded again.",
+    )
+    bulk.add_arguments(index_bulk)
+    index_bulk.set_defaults(func=bulk.run_args)
     return parser
 
 

@@ -15,8 +15,9 @@ from typing import Any
 
 import httpx
 import pytest
-from gpuprompt.batching import PRIORITY_MAX, PRIORITY_MIN
 from server_helpers import LiveServer, start_server, wait_until
+
+from gpuprompt.batching import PRIORITY_MAX, PRIORITY_MIN
 
 CHAT = "/v1/chat/completions"
 EMBED = "/v1/embeddings"
@@ -378,11 +379,28 @@ _ROUTES: dict[str, tuple[dict[str, Any], list[str]]] = {
             "stream_options",
             "response_format",
             "tools",
+            "tool_choice",
+            "parallel_tool_calls",
             "logprobs",
             "max_completion_tokens",
             "model",
             "user",
+            "top_k",
+            "min_p",
+            "presence_penalty",
+            "frequency_penalty",
+            "repetition_penalty",
+            "logit_bias",
+            "guided_json",
+            "guided_regex",
+            "guided_choice",
+            "functions",
+            "metadata",
         ],
+    ),
+    "/v1/completions": (
+        {"prompt": "Hi", "max_tokens": 1, "temperature": 0},
+        ["echo", "n", "best_of", "suffix", "logprobs", "stop", "seed", "top_k", "logit_bias", "stream"],
     ),
     EMBED: ({"input": "hello"}, ["model", "dimensions", "encoding_format", "user"]),
     "/v1/collections/hostile-fuzz/documents": ({"documents": ["x"], "ids": ["i1"], "metadatas": [{"a": 1}]}, []),

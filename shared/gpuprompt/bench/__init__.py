@@ -33,6 +33,9 @@ _MODULES = [
     "gpuprompt.bench.llm",
     "gpuprompt.bench.rag",
     "gpuprompt.bench.wrappers",
+    "gpuprompt.bench.agent_tools",
+    "gpuprompt.bench.milvus_concurrency",
+    "gpuprompt.bench.index_bulk",
 ]
 
 

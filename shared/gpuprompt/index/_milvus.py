@@ -253,6 +253,17 @@ class MilvusIndex(AsyncIndexMixin, GroupSearchMixin):
             client.drop_collection(self._options.collection)
             create_collection(client, self._options)
 
+    def drop(self) -> None:
+        """Delete the Milvus collection and everything in it, then close this index.
+
+        The index equivalent of dropping a table: use it when the data itself is to go (a
+        server's ``DELETE /v1/collections/{name}``); :meth:`close` only lets go of the client.
+        """
+        client = self._ensure()
+        with self._lock.write():
+            client.drop_collection(self._options.collection)
+        self.close()
+
     # ------------------------------------------------------------------ reads
     def _fetch(self, client: Any, ids: list[str], fields: list[str]) -> list[dict[str, Any]]:
         out: list[dict[str, Any]] = []

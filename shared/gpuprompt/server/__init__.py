@@ -1,7 +1,7 @@
 r"""``gpuprompt serve``: an OpenAI-compatible HTTP API over the batched core (the ``server`` extra).
 
-Routes: ``GET /v1/models``, ``POST /v1/embeddings``, ``POST /v1/chat/completions`` (SSE
-streaming), collections (``/v1/collections/{name}/documents | query | chat``), ``GET /health``,
+Routes: ``GET /v1/models``, ``POST /v1/embeddings``, ``POST /v1/chat/completions`` (tools, JSON
+output, SSE streaming), ``POST /v1/completions``, collections (``/v1/collections/{name}/documents | query | chat``), ``GET /health``,
 ``GET /metrics`` (Prometheus). Needs fastapi, uvicorn and prometheus-client:
 ``pip install 'gpuprompt[server]'``.
 

@@ -15,45 +15,33 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Mapping
-from typing import TYPE_CHECKING, Any, TypeVar
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI, Path, Request
-from fastapi.responses import Response, StreamingResponse
-from pydantic import BaseModel
+from fastapi.responses import Response
 
-from gpuprompt._validate import INT64_MIN
-from gpuprompt.errors import ConfigurationError, ContextLengthError, InvalidInputError
+from gpuprompt.errors import ConfigurationError, ContextLengthError
 from gpuprompt.server import _schemas as s
+from gpuprompt.server._chat import add_generation_routes
 from gpuprompt.server._collections import COLLECTION_NAME_PATTERN, Collections
 from gpuprompt.server._config import ServerConfig
-from gpuprompt.server._errors import ApiError, CatchAll, error_event, install_error_handlers
+from gpuprompt.server._errors import ApiError, CatchAll, install_error_handlers
 from gpuprompt.server._gate import Gate
+from gpuprompt.server._http import json_response, until_disconnect
 from gpuprompt.server._metrics import CONTENT_TYPE_LATEST, Metrics
+from gpuprompt.server._token_ids import decode_token_ids
 
 if TYPE_CHECKING:
     from gpuprompt.context import ContextCache
     from gpuprompt.embedder import Embedder
-    from gpuprompt.llm import GenerationRequest, GenerationResult, LLMEngine
+    from gpuprompt.llm import LLMEngine
 
 __all__ = ["create_app"]
 
 logger = logging.getLogger("gpuprompt.server")
 
-T = TypeVar("T")
-
 _INLINE_TOKEN_COUNT = 64  # count tokens on the loop thread only for this many texts
-_SEED_SPAN = 2**64  # per-choice seeds (seed + i) wrap around inside the int64 range
-_SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
-
-
-def _json(model: BaseModel, status: int = 200) -> Response:
-    # pydantic-core serialises in Rust; FastAPI's response_model path would validate again.
-    return Response(model.model_dump_json(), status_code=status, media_type="application/json")
-
-
-def _sse(payload: Mapping[str, Any]) -> str:
-    return f"data: {json.dumps(payload, separators=(',', ':'))}\n\n"
 
 
 class _Server:
@@ -71,13 +59,19 @@ class _Server:
         self.config = config
         runtime = get_runtime()
         if embedder is None:
-            embedder = runtime.embedder(config.embedding_model, device=config.device)
+            options = {} if config.embed_quantize is None else {"quantize": config.embed_quantize}
+            embedder = runtime.embedder(config.embedding_model, device=config.device, **options)
         if llm is None:
-            llm = runtime.llm(config.chat_model, backend=config.llm_backend, device=config.device)
+            llm = runtime.llm(config.chat_model, **config.llm_options())
         if memory is None:
             from gpuprompt.context import ContextCache
 
-            memory = ContextCache(embedder)
+            store = None
+            if config.redis_url is not None:
+                from gpuprompt.sessions import RedisStore
+
+                store = RedisStore(config.redis_url, ttl_s=config.session_ttl_s)
+            memory = ContextCache(embedder, store=store)
         self.embedder = embedder
         self.llm = llm
         self.memory = memory
@@ -90,6 +84,7 @@ class _Server:
             max_tokens=config.default_max_tokens,
             max_collections=config.max_collections,
             max_records=config.max_collection_records,
+            vector_uri=config.vector_uri,
         )
         self.metrics = Metrics(
             embedder=lambda: self.embedder,
@@ -120,88 +115,6 @@ class _Server:
         if len(texts) > _INLINE_TOKEN_COUNT:
             return await asyncio.to_thread(self.embedder.count_tokens, texts)
         return self.embedder.count_tokens(texts)
-
-    def generation_request(self, body: s.ChatCompletionRequest, request_id: str, index: int = 0) -> GenerationRequest:
-        """The core request for one choice of a chat completion."""
-        from gpuprompt.llm import GenerationRequest
-
-        if body.tools:
-            raise ApiError(
-                400,
-                f"'tools' must be empty: this server does not call tools (got {len(body.tools)} tool definitions); "
-                "use a framework agent with a tool-calling model instead.",
-                param="tools",
-                code="unsupported",
-            )
-        if body.logprobs:
-            raise ApiError(400, "'logprobs' must be false: this server does not return log-probabilities (got true).",
-                           param="logprobs", code="unsupported")
-        if body.stream and body.n != 1:
-            raise ApiError(400, f"'n' must be 1 when 'stream' is true (got {body.n}); stream one choice per request.",
-                           param="n", code="unsupported")
-        messages = [
-            {"role": "system" if m.role == "developer" else m.role, "content": m.text()} for m in body.messages
-        ]
-        response_format: dict[str, Any] | None = None
-        if body.response_format is not None and body.response_format.type == "json_object":
-            response_format = {"type": "json_object"}
-        elif body.response_format is not None and body.response_format.type == "json_schema":
-            response_format = body.response_format.model_dump(by_alias=True, exclude_none=True)
-        stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or ())
-        seed = None
-        if body.seed is not None:  # stays an int64 for every choice: (seed + i) wraps around
-            seed = (body.seed + index - INT64_MIN) % _SEED_SPAN + INT64_MIN
-        return GenerationRequest(
-            messages=messages,
-            max_tokens=body.max_completion_tokens or body.max_tokens or self.config.default_max_tokens,
-            temperature=body.temperature,
-            top_p=body.top_p,
-            seed=seed,
-            stop=stop,
-            priority=body.priority,
-            response_format=response_format,
-            request_id=f"{request_id}-{index}",
-        )
-
-
-async def _until_disconnect(request: Request, work: Awaitable[T]) -> T | Response:
-    """Run ``work``; if the client disconnects first, cancel it (the engine aborts the request).
-
-    Returns:
-        The result, or a 499 response (nobody will read it) when the client went away.
-    """
-    task = asyncio.ensure_future(work)
-    gone = False
-
-    async def watch() -> None:
-        nonlocal gone
-        while True:
-            message = await request.receive()
-            if message["type"] == "http.disconnect":
-                gone = True
-                task.cancel()
-                return
-
-    watcher = asyncio.ensure_future(watch())
-    try:
-        return await task
-    except asyncio.CancelledError:
-        if gone:
-            return Response(status_code=499)
-        raise
-    finally:
-        watcher.cancel()
-        task.cancel()
-
-
-async def _all_or_none(works: list[Awaitable[T]]) -> list[T]:
-    """Await every choice; if one fails (or the caller is cancelled), cancel the others in the engine."""
-    tasks = [asyncio.ensure_future(work) for work in works]
-    try:
-        return list(await asyncio.gather(*tasks))
-    finally:
-        for task in tasks:
-            task.cancel()
 
 
 def create_app(
@@ -246,6 +159,12 @@ def create_app(
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        store = server.memory.session_store
+        if hasattr(store, "ping"):  # a session store on a server: unreachable fails the start, not turn 1
+            await asyncio.to_thread(store.ping)
+        if config.vector_uri is not None:
+            found = await asyncio.to_thread(server.collections.restore)
+            logger.info("collections in %s: %s", config.vector_uri, found or "none yet")
         if config.preload:
             await server.embedder.aload()
             await server.llm.aload()
@@ -284,7 +203,7 @@ def _version() -> str:
     return __version__
 
 
-def _routes(app: FastAPI, server: _Server) -> None:  # noqa: C901 - one function keeps the route table readable
+def _routes(app: FastAPI, server: _Server) -> None:
     config = server.config
     metrics = server.metrics
     name_path = Path(pattern=COLLECTION_NAME_PATTERN, description="the collection's name")
@@ -296,7 +215,7 @@ def _routes(app: FastAPI, server: _Server) -> None:  # noqa: C901 - one function
         """Liveness and what is served (no API key needed)."""
         # backend_name loads the engine: only ask once it is loaded (it is after a preload).
         backend = server.llm.backend_name if server.loaded else f"{config.llm_backend} (not loaded)"
-        return _json(
+        return json_response(
             s.HealthResponse(
                 chat_model=server.llm.model_name,
                 embedding_model=server.embedder.model_id,
@@ -317,7 +236,7 @@ def _routes(app: FastAPI, server: _Server) -> None:  # noqa: C901 - one function
     async def models() -> Response:
         """The served chat and embedding models."""
         created = int(server.started)
-        return _json(
+        return json_response(
             s.ModelList(
                 data=[s.ModelCard(id=server.llm.model_name, created=created),
                       s.ModelCard(id=server.embedder.model_id, created=created)]
@@ -329,7 +248,7 @@ def _routes(app: FastAPI, server: _Server) -> None:  # noqa: C901 - one function
         """One served model."""
         for served in (server.llm.model_name, server.embedder.model_id):
             if model_id in (served, served.rsplit("/", 1)[-1]):
-                return _json(s.ModelCard(id=served, created=int(server.started)))
+                return json_response(s.ModelCard(id=served, created=int(server.started)))
         raise ApiError(404, f"model {model_id!r} is not served here; GET /v1/models lists the served models.",
                        param="model", code="model_not_found")
 
@@ -340,13 +259,9 @@ def _routes(app: FastAPI, server: _Server) -> None:  # noqa: C901 - one function
         server.check_model(body.model, server.embedder.model_id, "embedding")
         texts = [body.input] if isinstance(body.input, str) else body.input
         if any(not isinstance(t, str) for t in texts):
-            raise ApiError(
-                400,
-                "'input' must be a str or a list of str (got token ids); this server tokenizes itself. With "
-                "LangChain's OpenAIEmbeddings pass check_embedding_ctx_length=False.",
-                param="input",
-                code="invalid_value",
-            )
+            # Token ids of tiktoken (langchain-openai's default): read back to text only when exact.
+            ids = [texts] if all(isinstance(t, int) for t in texts) else texts
+            texts = await asyncio.to_thread(decode_token_ids, ids)
         if body.dimensions is not None:
             dim = (await server.embedder.aload()).dim  # loads the model off the loop if not preloaded
             if body.dimensions != dim:
@@ -367,7 +282,7 @@ def _routes(app: FastAPI, server: _Server) -> None:  # noqa: C901 - one function
             items = [s.EmbeddingItem(index=i, embedding=base64.b64encode(row.tobytes()).decode()) for i, row in enumerate(little)]
         else:
             items = [s.EmbeddingItem(index=i, embedding=row) for i, row in enumerate(vectors.tolist())]
-        return _json(
+        return json_response(
             s.EmbeddingResponse(
                 data=items,
                 model=server.embedder.model_id,
@@ -375,51 +290,13 @@ def _routes(app: FastAPI, server: _Server) -> None:  # noqa: C901 - one function
             )
         )
 
-    # ------------------------------------------------------------------ chat completions
-    @app.post("/v1/chat/completions", response_model=s.ChatCompletionResponse, tags=["openai"])
-    async def chat_completions(body: s.ChatCompletionRequest, request: Request) -> Response:
-        """Chat completion; ``stream: true`` answers with server-sent events ending in ``[DONE]``.
-
-        A client that disconnects cancels its generation inside the engine.
-        """
-        server.check_model(body.model, server.llm.model_name, "chat")
-        completion_id = f"chatcmpl-{uuid.uuid4().hex}"
-        requests = [server.generation_request(body, completion_id, i) for i in range(body.n)]
-        if body.stream:
-            return await _stream_chat(server, request, body, requests[0], completion_id)
-        started = time.perf_counter()
-        outcome = await _until_disconnect(request, _all_or_none([server.llm.agenerate(r) for r in requests]))
-        if isinstance(outcome, Response):
-            return outcome
-        results: list[GenerationResult] = list(outcome)
-        for result in results:
-            metrics.ttft.labels("chat").observe(result.timings.ttft_s)
-            metrics.generation_latency.labels("chat").observe(result.timings.total_s)
-        logger.debug("chat %s done in %.3f s", completion_id, time.perf_counter() - started)
-        prompt_tokens = results[0].usage.prompt_tokens
-        completion_tokens = sum(r.usage.completion_tokens for r in results)
-        return _json(
-            s.ChatCompletionResponse(
-                id=completion_id,
-                created=int(time.time()),
-                model=results[0].model,
-                choices=[
-                    s.ChatChoice(index=i, message=s.ChatChoiceMessage(content=r.text), finish_reason=r.finish_reason)
-                    for i, r in enumerate(results)
-                ],
-                usage=s.UsageModel(
-                    prompt_tokens=prompt_tokens,
-                    completion_tokens=completion_tokens,
-                    total_tokens=prompt_tokens + completion_tokens,
-                ),
-            )
-        )
+    add_generation_routes(app, server)
 
     # ------------------------------------------------------------------ collections
     @app.get("/v1/collections", response_model=s.CollectionList, tags=["collections"])
     async def list_collections() -> Response:
         """Every collection with its record count."""
-        return _json(
+        return json_response(
             s.CollectionList(
                 data=[s.CollectionInfo(name=n, count=i.count) for n, i in sorted(server.collections.indexes().items())]
             )
@@ -438,7 +315,7 @@ def _routes(app: FastAPI, server: _Server) -> None:  # noqa: C901 - one function
         collection on first use."""
         ids, count = await server.collections.upsert(name, body.documents, body.ids, body.metadatas)
         tokens = sum(await server.count_tokens(body.documents))
-        return _json(
+        return json_response(
             s.AddDocumentsResponse(
                 collection=name, ids=ids, count=count, usage=s.UsageModel(prompt_tokens=tokens, total_tokens=tokens)
             )
@@ -465,7 +342,7 @@ def _routes(app: FastAPI, server: _Server) -> None:  # noqa: C901 - one function
             validate_filter(body.filter)  # a bad filter fails before any model work
         vector = await server.embedder.aembed_tensor([body.query])
         hits = (await collection.index.asearch(vector, body.k, filter=body.filter))[0]
-        return _json(s.QueryResponse(collection=name, hits=[_hit(h) for h in hits]))
+        return json_response(s.QueryResponse(collection=name, hits=[_hit(h) for h in hits]))
 
     @app.post("/v1/collections/{name}/chat", response_model=s.CollectionChatResponse, tags=["collections"])
     async def collection_chat(body: s.CollectionChatRequest, request: Request, name: str = name_path) -> Response:
@@ -476,7 +353,7 @@ def _routes(app: FastAPI, server: _Server) -> None:  # noqa: C901 - one function
         if body.filter is not None:
             validate_filter(body.filter)
         try:
-            outcome = await _until_disconnect(
+            outcome = await until_disconnect(
                 request,
                 collection.rag.aanswer(
                     collection.session_key(body.session_id),
@@ -496,7 +373,7 @@ def _routes(app: FastAPI, server: _Server) -> None:  # noqa: C901 - one function
                                ("generate", t.generate_s), ("total", t.total_s)):
             metrics.stage_latency.labels(stage).observe(seconds)
         usage = answer.usage
-        return _json(
+        return json_response(
             s.CollectionChatResponse(
                 id=f"ragchat-{uuid.uuid4().hex}",
                 created=int(time.time()),
@@ -525,75 +402,3 @@ def _routes(app: FastAPI, server: _Server) -> None:  # noqa: C901 - one function
 
 def _hit(hit: Any) -> s.HitModel:
     return s.HitModel(id=hit.id, score=float(hit.score), document=hit.document, metadata=dict(hit.metadata))
-
-
-async def _stream_chat(
-    server: _Server,
-    http_request: Request,
-    body: s.ChatCompletionRequest,
-    request: GenerationRequest,
-    completion_id: str,
-) -> Response:
-    """Start the stream and wait for its first delta before answering, so a request the engine
-    refuses (too long, queue full, ...) still gets its proper HTTP status."""
-    metrics = server.metrics
-    include_usage = bool(body.stream_options and body.stream_options.include_usage)
-    started = time.perf_counter()
-    stream = server.llm.astream(request)
-    try:
-        first = await _until_disconnect(http_request, stream.__anext__())
-    except StopAsyncIteration:  # pragma: no cover - the engine always ends with a final delta
-        raise InvalidInputError("the engine produced no output for this request.") from None
-    except BaseException:
-        await stream.aclose()
-        raise
-    if isinstance(first, Response):  # the client left before the first token
-        await stream.aclose()
-        return first
-    metrics.ttft.labels("chat_stream").observe(time.perf_counter() - started)
-    created = int(time.time())
-    model = server.llm.model_name
-
-    def chunk(delta: dict[str, Any], finish_reason: str | None) -> dict[str, Any]:
-        payload: dict[str, Any] = {
-            "id": completion_id,
-            "object": "chat.completion.chunk",
-            "created": created,
-            "model": model,
-            "choices": [{"index": 0, "delta": delta, "finish_reason": finish_reason, "logprobs": None}],
-        }
-        if include_usage:
-            payload["usage"] = None
-        return payload
-
-    async def events() -> AsyncIterator[str]:
-        # Closing the engine stream (normal end, error, or the client going away, which cancels
-        # this generator) aborts the request inside the engine if it is still running.
-        async with contextlib.aclosing(stream):
-            try:
-                yield _sse(chunk({"role": "assistant", "content": ""}, None))
-                delta = first
-                while True:
-                    if delta.text:
-                        yield _sse(chunk({"content": delta.text}, None))
-                    if delta.finish_reason is not None:
-                        yield _sse(chunk({}, delta.finish_reason))
-                        if include_usage and delta.usage is not None:
-                            u = delta.usage
-                            yield _sse({
-                                "id": completion_id, "object": "chat.completion.chunk", "created": created,
-                                "model": model, "choices": [],
-                                "usage": {"prompt_tokens": u.prompt_tokens, "completion_tokens": u.completion_tokens,
-                                          "total_tokens": u.total_tokens},
-                            })
-                        break
-                    delta = await stream.__anext__()
-            except Exception as exc:  # noqa: BLE001 - headers are sent: report it in-band, as OpenAI does
-                yield _sse(error_event(exc, server.config.retry_after_s))
-                return
-            finally:
-                metrics.generation_latency.labels("chat_stream").observe(time.perf_counter() - started)
-            yield "data: [DONE]\n\n"
-
-    return StreamingResponse(events(), media_type="text/event-stream", headers=_SSE_HEADERS)
-

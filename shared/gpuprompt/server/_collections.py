@@ -1,6 +1,10 @@
-"""Named in-memory collections: one VectorIndex and one RAGPipeline each, over the shared models.
+"""Named collections: one index and one RAGPipeline each, over the shared models.
 
-A collection is created by its first successful upsert. Conversation sessions live in one shared
+An index is an in-memory :class:`~gpuprompt.VectorIndex` by default, or a
+:class:`~gpuprompt.MilvusIndex` in the Milvus deployment named by ``vector_uri`` (``gpuprompt
+serve --vector-uri``): then each collection is the Milvus collection ``gpuprompt_c_<name>`` (the
+name escaped to Milvus's alphabet), its records outlive the server, and a restarted server finds
+its collections again. A collection is created by its first successful upsert. Conversation sessions live in one shared
 ContextCache, keyed ``"<collection>/<session id>"`` (collection names cannot hold a ``/``).
 
 Both the number of collections and the records of each are capped (``max_collections``,
@@ -12,23 +16,52 @@ is lazy), and a dropped collection, or one whose first upsert failed, has its in
 from __future__ import annotations
 
 import asyncio
+import logging
+import re
 import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from gpuprompt.server._errors import ApiError
 
+logger = logging.getLogger("gpuprompt.server")
+
 if TYPE_CHECKING:
     from gpuprompt.context import ContextCache
     from gpuprompt.embedder import Embedder
-    from gpuprompt.index import VectorIndex
+    from gpuprompt.index import IndexLike
     from gpuprompt.llm import LLMEngine
     from gpuprompt.pipeline import RAGPipeline
 
-__all__ = ["COLLECTION_NAME_PATTERN", "Collection", "Collections"]
+__all__ = ["COLLECTION_NAME_PATTERN", "MILVUS_PREFIX", "Collection", "Collections", "milvus_collection", "server_name"]
 
 COLLECTION_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
 """Collection names: 1-64 letters, digits, ``.``, ``_`` or ``-``, starting with a letter or digit."""
+
+MILVUS_PREFIX = "gpuprompt_c_"
+"""The prefix of the Milvus collections that hold a server's collections."""
+_ESCAPES = {"_": "_u", ".": "_d", "-": "_h"}
+_UNESCAPES = {v[1]: k for k, v in _ESCAPES.items()}
+
+
+def milvus_collection(name: str) -> str:
+    """The Milvus collection of server collection ``name`` (reversible: see :func:`server_name`)."""
+    return MILVUS_PREFIX + "".join(_ESCAPES.get(c, c) for c in name)
+
+
+def server_name(milvus_name: str) -> str | None:
+    """The server collection held by Milvus collection ``milvus_name``; None if it holds none."""
+    if not milvus_name.startswith(MILVUS_PREFIX):
+        return None
+    out, chars = [], iter(milvus_name[len(MILVUS_PREFIX) :])
+    for c in chars:
+        if c == "_":
+            c = _UNESCAPES.get(next(chars, ""), "")
+            if not c:
+                return None
+        out.append(c)
+    name = "".join(out)
+    return name if re.match(COLLECTION_NAME_PATTERN, name) else None
 
 
 @dataclass
@@ -36,7 +69,7 @@ class Collection:
     """One collection: its index and its RAG pipeline."""
 
     name: str
-    index: VectorIndex
+    index: IndexLike
     rag: RAGPipeline
 
     def session_key(self, session_id: str) -> str:
@@ -56,6 +89,8 @@ class Collections:
         max_tokens: the default answer length of collection chat.
         max_collections: most collections at once (409 ``collection_limit_reached`` beyond).
         max_records: most records per collection (409 ``collection_full`` beyond).
+        vector_uri: None (in-memory indexes), or a Milvus URI (a Milvus Lite ``.db`` file or
+            ``http://host:19530``) that holds every collection.
     """
 
     def __init__(
@@ -69,8 +104,10 @@ class Collections:
         max_tokens: int,
         max_collections: int = 64,
         max_records: int = 1_000_000,
+        vector_uri: str | None = None,
     ) -> None:
         self._embedder = embedder
+        self.vector_uri = vector_uri
         self._llm = llm
         self.memory = memory
         self._device = device
@@ -87,7 +124,7 @@ class Collections:
     def __len__(self) -> int:
         return len(self._items)
 
-    def indexes(self) -> dict[str, VectorIndex]:
+    def indexes(self) -> dict[str, IndexLike]:
         """``{name: index}`` of every collection."""
         with self._lock:
             return {name: c.index for name, c in self._items.items()}
@@ -110,11 +147,45 @@ class Collections:
             )
         return collection
 
+    def restore(self) -> list[str]:
+        """Find the collections a previous server left in ``vector_uri`` (none when in memory).
+
+        Returns:
+            The names found, in order (at most ``max_collections``; others are left untouched
+            and a warning names them).
+        """
+        if self.vector_uri is None:
+            return []
+        from gpuprompt.index._milvus_schema import import_pymilvus
+
+        client = import_pymilvus().MilvusClient(uri=self.vector_uri)
+        try:
+            names = sorted(n for n in map(server_name, client.list_collections()) if n is not None)
+        finally:
+            client.close()
+        kept = names[: self.max_collections]
+        if len(kept) < len(names):
+            logger.warning("%s holds %d collections, over max_collections=%d; not serving %s",
+                           self.vector_uri, len(names), self.max_collections, names[len(kept) :])
+        with self._lock:
+            for name in kept:
+                self._items.setdefault(name, self._new(name))
+        return kept
+
     def _new(self, name: str) -> Collection:
-        from gpuprompt.index import VectorIndex
         from gpuprompt.pipeline import RAGPipeline
 
-        index = VectorIndex(self._embedder.dim, metric="cosine", device=self._device)
+        index: IndexLike
+        if self.vector_uri is None:
+            from gpuprompt.index import VectorIndex
+
+            index = VectorIndex(self._embedder.dim, metric="cosine", device=self._device)
+        else:
+            from gpuprompt.index import MilvusIndex
+
+            # Connects lazily: building one opens nothing until its first use.
+            index = MilvusIndex(self._embedder.dim, metric="cosine", uri=self.vector_uri,
+                                collection=milvus_collection(name))
         rag = RAGPipeline(
             index, self._llm, embedder=self._embedder, memory=self.memory, k=self._rag_k, max_tokens=self._max_tokens
         )
@@ -211,7 +282,9 @@ class Collections:
             promised = await self._reserve(collection, ids, len(documents))
             try:
                 vectors = await self._embedder.aembed_tensor(documents)
-                stored = await collection.index.aadd(ids, vectors, documents, metadatas)
+                stored = await collection.index.aadd(
+                    ids, vectors, documents, metadatas, embedder=self._embedder.identity
+                )
             finally:
                 self._release(name, promised)
         except BaseException:
@@ -230,7 +303,7 @@ class Collections:
             ):
                 return
             del self._items[collection.name]
-        collection.index.close()
+        _discard(collection.index)
 
     def drop(self, name: str) -> None:
         """Forget collection ``name`` and its sessions.
@@ -246,7 +319,7 @@ class Collections:
         for key in self.memory.sessions():
             if key.startswith(prefix):
                 self.memory.clear(key)
-        collection.index.close()
+        _discard(collection.index)
 
     def close(self) -> None:
         """Close every index."""
@@ -255,3 +328,12 @@ class Collections:
             self._items.clear()
         for collection in items:
             collection.index.close()
+
+
+def _discard(index: IndexLike) -> None:
+    """Delete a dropped collection's records where they outlive the index (Milvus), and close it."""
+    drop = getattr(index, "drop", None)
+    if callable(drop):
+        drop()
+    else:
+        index.close()

@@ -4,15 +4,17 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from gpuprompt.errors import ConfigurationError, describe
 
-__all__ = ["API_KEY_ENV", "ServerConfig"]
+__all__ = ["API_KEY_ENV", "LLM_API_KEY_ENV", "ServerConfig"]
 
 API_KEY_ENV = "GPUPROMPT_API_KEY"
 """The environment variable read for the API key when none is passed."""
+LLM_API_KEY_ENV = "GPUPROMPT_LLM_API_KEY"
+"""The environment variable read for ``llm_url``'s key when none is passed."""
 
 
 def _int(name: str, value: Any, minimum: int) -> None:
@@ -35,6 +37,9 @@ class ServerConfig:
         chat_model: the chat model to load (None: the bundled SmolLM2-135M-Instruct).
         llm_backend: ``"auto"``, ``"vllm"`` or ``"transformers"`` (see :class:`~gpuprompt.llm.LLMConfig`).
         device: ``"auto"``, ``"cpu"``, ``"cuda"``, ``"cuda:N"`` or ``"mps"`` for both models.
+        embed_quantize: None (full precision), ``"int8"`` (int8 embedder forward pass on CPU) or
+            ``"auto"`` (int8 on CPU, full precision elsewhere); see
+            :class:`~gpuprompt.embedder.EmbedderConfig` ``quantize``.
         default_max_tokens: tokens generated when a request names no ``max_tokens`` (the engine
             also caps it by the room left in the context window).
         rag_k: documents retrieved per question by the collection chat endpoint.
@@ -48,6 +53,17 @@ class ServerConfig:
             (and, once searched, one search thread).
         max_collection_records: most records in one collection; an upsert that would pass it is
             refused (409, ``collection_full``) and stores nothing.
+        llm_url: the API root of an OpenAI-compatible LLM server to front (a vLLM server, a fleet
+            behind vllm-router, another ``gpuprompt serve``): the chat model then runs there
+            (``LLMConfig(backend="remote")``) while templates, truncation and tool/grammar
+            constraints stay here; ``chat_model`` names the served model's tokenizer. None: the
+            model runs in this process.
+        llm_api_key: the key sent to ``llm_url`` (None: ``$GPUPROMPT_LLM_API_KEY``, else none).
+        redis_url: a Redis URL (``redis://host:6379/0``) where collection-chat sessions live, so
+            replicas sharing it continue each other's conversations; None keeps them in memory.
+        session_ttl_s: seconds a Redis session lives after its last turn (None: for ever).
+        vector_uri: a Milvus URI (a Milvus Lite ``.db`` file, or ``http://host:19530``) holding the
+            collections, which then outlive the server; None keeps them in memory.
     """
 
     api_key: str | None = None
@@ -56,14 +72,20 @@ class ServerConfig:
     retry_after_s: int = 1
     embedding_model: str | None = None
     chat_model: str | None = None
-    llm_backend: Literal["auto", "vllm", "transformers"] = "auto"
+    llm_backend: Literal["auto", "vllm", "transformers", "remote"] = "auto"
     device: str = "auto"
+    embed_quantize: Literal["int8", "auto"] | None = None
     default_max_tokens: int = 512
     rag_k: int = 4
     strict_model_names: bool = True
     preload: bool = True
     max_collections: int = 64
     max_collection_records: int = 1_000_000
+    llm_url: str | None = None
+    llm_api_key: str | None = field(default=None, repr=False)
+    redis_url: str | None = None
+    session_ttl_s: float | None = 86_400.0
+    vector_uri: str | None = None
 
     def __post_init__(self) -> None:
         if self.api_key is not None and (not isinstance(self.api_key, str) or not self.api_key):
@@ -75,14 +97,37 @@ class ServerConfig:
         _int("rag_k", self.rag_k, 1)
         _int("max_collections", self.max_collections, 0)
         _int("max_collection_records", self.max_collection_records, 1)
-        if self.llm_backend not in ("auto", "vllm", "transformers"):
+        if self.llm_backend not in ("auto", "vllm", "transformers", "remote"):
             raise ConfigurationError(
-                f"'llm_backend' must be 'auto', 'vllm' or 'transformers' (got {describe(self.llm_backend)})."
+                f"'llm_backend' must be 'auto', 'vllm', 'transformers' or 'remote' (got {describe(self.llm_backend)})."
             )
+        if self.llm_url is not None and self.llm_backend not in ("auto", "remote"):
+            raise ConfigurationError(
+                f"'llm_url' fronts a remote LLM server, so 'llm_backend' must be 'auto' or 'remote' "
+                f"(got {self.llm_backend!r}); drop one of the two."
+            )
+        for name in ("llm_url", "redis_url", "vector_uri"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, str) or not value.strip()):
+                raise ConfigurationError(f"'{name}' must be None or a non-empty str (got {describe(value)}).")
+        if self.llm_url is not None and not self.llm_url.startswith(("http://", "https://")):
+            raise ConfigurationError(f"'llm_url' must be an http:// or https:// URL (got {self.llm_url!r}).")
+        if self.redis_url is not None and not self.redis_url.startswith(("redis://", "rediss://", "unix://")):
+            raise ConfigurationError(
+                f"'redis_url' must be a redis://, rediss:// or unix:// URL (got {self.redis_url!r})."
+            )
+        ttl = self.session_ttl_s
+        if ttl is not None and (isinstance(ttl, bool) or not isinstance(ttl, (int, float)) or not ttl > 0
+                                or ttl == float("inf")):
+            raise ConfigurationError(f"'session_ttl_s' must be None or a finite number > 0 (got {describe(ttl)}).")
         for name in ("embedding_model", "chat_model"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, str) or not value):
                 raise ConfigurationError(f"'{name}' must be None or a non-empty str (got {describe(value)}).")
+        if self.embed_quantize not in (None, "int8", "auto"):
+            raise ConfigurationError(
+                f"'embed_quantize' must be None, 'int8' or 'auto' (got {describe(self.embed_quantize)})."
+            )
         if not isinstance(self.device, str):
             raise ConfigurationError(f"'device' must be a str like 'auto', 'cpu' or 'cuda:0' (got {describe(self.device)}).")
         for name in ("strict_model_names", "preload"):
@@ -96,3 +141,11 @@ class ServerConfig:
     def resolved_api_key(self) -> str | None:
         """The key in force: ``api_key``, else ``$GPUPROMPT_API_KEY``, else None (no auth)."""
         return self.api_key or os.environ.get(API_KEY_ENV) or None
+
+    def llm_options(self) -> dict[str, Any]:
+        """The :class:`~gpuprompt.llm.LLMConfig` options (besides the model) this config asks for."""
+        if self.llm_url is None and self.llm_backend != "remote":
+            return {"backend": self.llm_backend, "device": self.device}
+        api_key = self.llm_api_key or os.environ.get(LLM_API_KEY_ENV) or None
+        # An empty key (not None) keeps the remote backend from sending the server's own API key.
+        return {"backend": "remote", "base_url": self.llm_url, "api_key": api_key or "", "device": "cpu"}

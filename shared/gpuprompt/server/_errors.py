@@ -9,13 +9,16 @@ Mapping (every body is ``{"error": {"message", "type", "param", "code"}}``)::
     InvalidInputError, ConfigurationError          -> 400 invalid_request_error, code invalid_value,
                                                       param from the message's leading 'name'
       FilterError                                  -> 400, param "filter", code invalid_filter
+      UnsupportedFeatureError                      -> 400, param = its .field (a sampling field or
+                                                      constraint the backend cannot honour), code
+                                                      unsupported_parameter
       ContextLengthError                           -> 400, param "messages", code context_length_exceeded
     QueueFullError                                 -> 429 rate_limit_error + Retry-After, code queue_full
     ClosedError, EngineDeadError                   -> 503 server_error, code unavailable
     other GPUPromptError (EngineError, ...)        -> 500 server_error, code = the class name
     any other exception                            -> 500 server_error (details logged, not sent)
     ApiError                                       -> its own status: 404 unknown model/collection/route,
-                                                      400 unsupported chat fields, 409 collection limits
+                                                      400 refused fields (code unsupported_parameter), 409 collection limits
 
 Every one of these keeps the client's keep-alive connection open: handled errors are answered by
 their handlers, and :class:`CatchAll` answers any exception that escapes the routes with a JSON
@@ -49,6 +52,7 @@ from gpuprompt.errors import (
     GPUPromptError,
     InvalidInputError,
     QueueFullError,
+    UnsupportedFeatureError,
 )
 
 __all__ = [
@@ -144,6 +148,8 @@ def _describe_error(exc: BaseException, retry_after_s: int) -> ApiError:
         return ApiError(503, f"the model is not available: {exc}", type="server_error", code="unavailable")
     if isinstance(exc, ContextLengthError):
         return ApiError(400, str(exc), param="messages", code="context_length_exceeded")
+    if isinstance(exc, UnsupportedFeatureError):
+        return ApiError(400, str(exc), param=exc.field or _param_of(str(exc)), code="unsupported_parameter")
     if isinstance(exc, FilterError):
         return ApiError(400, str(exc), param="filter", code="invalid_filter")
     if isinstance(exc, (InvalidInputError, ConfigurationError)):

@@ -1,7 +1,8 @@
 """Pydantic request and response models of the HTTP API.
 
-The OpenAI-compatible requests ignore unknown fields (clients send ``user``, ``store``,
-``presence_penalty``, ... that change nothing here); our own collection requests forbid them.
+The OpenAI-compatible requests ignore unknown fields (builders send vendor extras); every known
+field that changes the output reaches the core or is refused (see ``_schemas_chat.py`` for the
+generating routes). Our own collection requests forbid unknown fields.
 
 Every request field is bounded here, at the boundary (rule 10): ints and floats have ranges the
 core and every backend accept (no NaN or infinity), every string must be well-formed Unicode (a
@@ -33,9 +34,6 @@ from gpuprompt.batching import PRIORITY_MAX, PRIORITY_MIN, check_priority
 __all__ = [
     "AddDocumentsRequest",
     "AddDocumentsResponse",
-    "ChatCompletionRequest",
-    "ChatCompletionResponse",
-    "ChatMessage",
     "CollectionChatRequest",
     "CollectionChatResponse",
     "CollectionInfo",
@@ -123,7 +121,7 @@ Priority = _int(PRIORITY_MIN, PRIORITY_MAX, check_priority)
 """A scheduling priority, lower first: the core's :data:`~gpuprompt.batching.PRIORITY_MIN` to
 :data:`~gpuprompt.batching.PRIORITY_MAX` (checked by :func:`~gpuprompt.batching.check_priority`)."""
 Choices = _int(1, 16)
-"""``n``: choices per chat completion."""
+"""``n``: choices per completion."""
 QueryK = _int(1, 1000)
 """Hits per collection query."""
 ChatK = _int(1, 100)
@@ -186,7 +184,7 @@ class EmbeddingRequest(_OpenAIRequest):
     """``POST /v1/embeddings``."""
 
     input: Text | list[Text] | list[int] | list[list[int]]
-    """A text or a list of texts (token-id input is refused: the server has no client tokenizer)."""
+    """A text or a list of texts; token ids (tiktoken ``cl100k_base``) are read back to text when exact."""
     model: ModelName | None = None
     """The embedding model (see ``GET /v1/models``); None for the served one."""
     encoding_format: Literal["float", "base64"] = "float"
@@ -224,140 +222,6 @@ class EmbeddingResponse(BaseModel):
     data: list[EmbeddingItem]
     model: str
     usage: UsageModel
-
-
-# ---------------------------------------------------------------------- chat completions
-class ChatMessage(_OpenAIRequest):
-    """One chat message (``developer`` counts as ``system``)."""
-
-    role: Literal["system", "developer", "user", "assistant"]
-    """Who said it. Tool messages are not supported."""
-    content: Text | list[JSONObject] | None = None
-    """The text, or a list of ``{"type": "text", "text": ...}`` parts."""
-    name: Text | None = None
-    """Ignored."""
-
-    @field_validator("content")
-    @classmethod
-    def _text_parts(cls, value: Any) -> Any:
-        if isinstance(value, list):
-            for index, part in enumerate(value):
-                kind = part.get("type")
-                if kind != "text" or not isinstance(part.get("text"), str):
-                    shown = repr(kind) if isinstance(kind, str) and len(kind) <= 40 else type(kind).__name__
-                    raise ValueError(
-                        f"part [{index}] must be {{'type': 'text', 'text': str}} (got type {shown}); "
-                        "this server takes text only"
-                    )
-        return value
-
-    def text(self) -> str:
-        """The content as one string."""
-        if self.content is None:
-            return ""
-        if isinstance(self.content, str):
-            return self.content
-        return "\n".join(part["text"] for part in self.content)
-
-
-class StreamOptions(_OpenAIRequest):
-    """Streaming options."""
-
-    include_usage: bool = False
-    """Send a last chunk with the usage (and empty ``choices``)."""
-
-
-class JSONSchemaSpec(_OpenAIRequest):
-    """OpenAI's ``json_schema`` response format body."""
-
-    name: Text | None = None
-    schema_: JSONObject = Field(alias="schema")
-    strict: bool | None = None
-
-
-class ResponseFormat(_OpenAIRequest):
-    """``{"type": "text" | "json_object" | "json_schema", "json_schema": {...}}``."""
-
-    type: Literal["text", "json_object", "json_schema"]
-    json_schema: JSONSchemaSpec | None = None
-
-    @model_validator(mode="after")
-    def _schema_given(self) -> ResponseFormat:
-        if self.type == "json_schema" and self.json_schema is None:
-            raise ValueError("type 'json_schema' needs a 'json_schema': {'name': ..., 'schema': {...}}")
-        return self
-
-
-class ChatCompletionRequest(_OpenAIRequest):
-    """``POST /v1/chat/completions``."""
-
-    model: ModelName | None = None
-    """The chat model (see ``GET /v1/models``); None for the served one."""
-    messages: list[ChatMessage] = Field(min_length=1)
-    """The conversation so far."""
-    max_tokens: TokenCount | None = None
-    """Most tokens to generate (deprecated by OpenAI in favour of ``max_completion_tokens``)."""
-    max_completion_tokens: TokenCount | None = None
-    """Most tokens to generate; wins over ``max_tokens``."""
-    temperature: Temperature = 1.0
-    """0 for greedy decoding."""
-    top_p: TopP = 1.0
-    """Nucleus sampling mass."""
-    stop: Annotated[Text, Field(min_length=1)] | list[Annotated[Text, Field(min_length=1)]] | None = None
-    """Up to 16 non-empty strings that end generation."""
-    seed: Seed | None = None
-    """Sampling seed (choice ``i`` of ``n`` uses ``seed + i``)."""
-    n: Choices = 1
-    """Choices to generate (1 when streaming)."""
-    stream: bool = False
-    """Answer with server-sent events."""
-    stream_options: StreamOptions | None = None
-    """``{"include_usage": true}`` for a usage chunk at the end of a stream."""
-    response_format: ResponseFormat | None = None
-    """Constrain the output to JSON (guided decoding; needs the vLLM backend)."""
-    tools: list[JSONObject] | None = None
-    """Refused when non-empty: this server does not call tools."""
-    logprobs: bool | None = None
-    """Refused when true."""
-    user: Text | None = None
-    """Ignored."""
-    priority: Priority = 0
-    """gpuprompt extension: lower is served first when the engine is busy."""
-
-    @field_validator("stop")
-    @classmethod
-    def _stops(cls, value: Any) -> Any:
-        if isinstance(value, list) and len(value) > MAX_STOP:
-            raise ValueError(f"must hold at most {MAX_STOP} strings (got {len(value)})")
-        return value
-
-
-class ChatChoiceMessage(BaseModel):
-    """The generated message."""
-
-    role: Literal["assistant"] = "assistant"
-    content: str
-
-
-class ChatChoice(BaseModel):
-    """One choice."""
-
-    index: int
-    message: ChatChoiceMessage
-    finish_reason: str
-    logprobs: None = None
-
-
-class ChatCompletionResponse(BaseModel):
-    """The answer to a non-streaming ``POST /v1/chat/completions``."""
-
-    id: str
-    object: Literal["chat.completion"] = "chat.completion"
-    created: int
-    model: str
-    choices: list[ChatChoice]
-    usage: UsageModel
-    system_fingerprint: str | None = None
 
 
 # ---------------------------------------------------------------------- collections

@@ -19,16 +19,24 @@ def serve(
     port: int = 8000,
     api_key: str | None = None,
     *,
-    llm_backend: Literal["auto", "vllm", "transformers"] = "auto",
+    llm_backend: Literal["auto", "vllm", "transformers", "remote"] = "auto",
     embedding_model: str | None = None,
     chat_model: str | None = None,
     device: str = "auto",
+    embed_quantize: Literal["int8", "auto"] | None = None,
     max_body_bytes: int = ServerConfig.max_body_bytes,
     max_in_flight: int = ServerConfig.max_in_flight,
+    retry_after_s: int = ServerConfig.retry_after_s,
     default_max_tokens: int = ServerConfig.default_max_tokens,
+    rag_k: int = ServerConfig.rag_k,
     strict_model_names: bool = True,
     max_collections: int = ServerConfig.max_collections,
     max_collection_records: int = ServerConfig.max_collection_records,
+    llm_url: str | None = None,
+    llm_api_key: str | None = None,
+    redis_url: str | None = None,
+    session_ttl_s: float | None = ServerConfig.session_ttl_s,
+    vector_uri: str | None = None,
     graceful_timeout_s: float | None = 60.0,
     log_level: str = "info",
 ) -> int:
@@ -48,12 +56,21 @@ def serve(
         embedding_model: the embedder (None: the bundled all-MiniLM-L6-v2).
         chat_model: the chat model (None: the bundled SmolLM2-135M-Instruct).
         device: ``"auto"``, ``"cpu"``, ``"cuda"``, ``"cuda:N"`` or ``"mps"``.
+        embed_quantize: None, ``"int8"`` or ``"auto"``: the embedder's ``quantize``.
         max_body_bytes: the largest request body (413 beyond).
         max_in_flight: most concurrent model requests (429 with ``Retry-After`` beyond).
+        retry_after_s: the ``Retry-After`` seconds sent with 429.
         default_max_tokens: tokens generated when a request names no ``max_tokens``.
+        rag_k: documents retrieved per collection chat turn.
         strict_model_names: 404 for a ``model`` that does not name the endpoint's served model.
         max_collections: most collections held at once (409 beyond).
         max_collection_records: most records per collection (409 beyond).
+        llm_url: front the OpenAI-compatible LLM server (or fleet) at this URL instead of loading
+            the chat model here (``chat_model`` then names its tokenizer).
+        llm_api_key: the key sent to ``llm_url`` (None: ``$GPUPROMPT_LLM_API_KEY``, else none).
+        redis_url: keep collection-chat sessions in this Redis (shared by replicas).
+        session_ttl_s: seconds a Redis session lives after its last turn (None: for ever).
+        vector_uri: keep collections in this Milvus deployment (a Milvus Lite file or a server).
         graceful_timeout_s: how long SIGTERM waits for in-flight requests; None waits for ever.
         log_level: uvicorn's log level.
 
@@ -71,12 +88,20 @@ def serve(
         embedding_model=embedding_model,
         chat_model=chat_model,
         device=device,
+        embed_quantize=embed_quantize,
         max_body_bytes=max_body_bytes,
         max_in_flight=max_in_flight,
+        retry_after_s=retry_after_s,
         default_max_tokens=default_max_tokens,
+        rag_k=rag_k,
         strict_model_names=strict_model_names,
         max_collections=max_collections,
         max_collection_records=max_collection_records,
+        llm_url=llm_url,
+        llm_api_key=llm_api_key,
+        redis_url=redis_url,
+        session_ttl_s=session_ttl_s,
+        vector_uri=vector_uri,
     )
     app = create_app(config)
     server = uvicorn.Server(

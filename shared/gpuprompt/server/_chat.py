@@ -1,0 +1,356 @@
+"""The generating OpenAI routes: ``POST /v1/chat/completions`` and ``POST /v1/completions``.
+
+Handlers translate HTTP bodies into the core's :class:`~gpuprompt.llm.GenerationRequest` (tools,
+sampling, constraints) and its results back into OpenAI's shapes, including the streamed chunk
+shapes the ``openai`` SDK's stream helpers accumulate: the first tool-call chunk of an index
+carries ``id``, ``type`` and ``function.name``; later ones only ``function.arguments`` pieces.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from typing import TYPE_CHECKING, Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import Response, StreamingResponse
+
+from gpuprompt._validate import INT64_MIN
+from gpuprompt.errors import ContextLengthError, InvalidInputError
+from gpuprompt.server._errors import ApiError, error_event
+from gpuprompt.server._http import SSE_HEADERS, all_or_none, json_response, sse, until_disconnect
+from gpuprompt.server._schemas_chat import (
+    ChatChoice,
+    ChatChoiceMessage,
+    ChatCompletionRequest,
+    ChatCompletionResponse,
+    ChatUsage,
+    CompletionChoice,
+    CompletionRequest,
+    CompletionResponse,
+    ToolCallOut,
+)
+
+if TYPE_CHECKING:
+    from gpuprompt.llm import GenerationRequest, GenerationResult, StreamDelta, Usage
+    from gpuprompt.server._app import _Server
+
+__all__ = ["add_generation_routes"]
+
+_SEED_SPAN = 2**64  # per-choice seeds (seed + i) wrap around inside the int64 range
+
+
+def _unsupported(param: str, message: str) -> ApiError:
+    return ApiError(400, message, param=param, code="unsupported_parameter")
+
+
+def _seed(seed: int | None, index: int) -> int | None:
+    # Stays an int64 for every choice: (seed + i) wraps around.
+    return None if seed is None else (seed + index - INT64_MIN) % _SEED_SPAN + INT64_MIN
+
+
+def usage_model(usages: list[Usage], prompts: int | None = None) -> ChatUsage:
+    """OpenAI's usage of one or more results: prompt tokens counted once per distinct prompt."""
+    prompt = sum(u.prompt_tokens for u in usages[: prompts or len(usages)])
+    completion = sum(u.completion_tokens for u in usages)
+    cached = sum(u.cached_tokens for u in usages[: prompts or len(usages)])
+    return ChatUsage(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion,
+                     prompt_tokens_details={"cached_tokens": cached})
+
+
+SESSION_HEADER = "X-Session-ID"
+"""The request header naming a conversation: passed to the engine (and by a remote backend to its
+router, which keeps the conversation on the replica holding its prefix cache)."""
+
+
+def session_of(request: Request) -> str | None:
+    """The conversation a request belongs to (its ``X-Session-ID`` header), or None."""
+    value = request.headers.get(SESSION_HEADER)
+    if value is None or not value.strip():
+        return None
+    from gpuprompt.llm._types import affinity_key
+
+    return affinity_key(value.strip())
+
+
+def chat_request(
+    server: _Server, body: ChatCompletionRequest, request_id: str, index: int = 0, session_id: str | None = None
+) -> GenerationRequest:
+    """The core request for one choice of a chat completion (refusals raise a 400 naming the field)."""
+    from gpuprompt.llm import GenerationRequest
+
+    if body.logprobs:
+        raise _unsupported("logprobs", "'logprobs' must be false: this server does not return log-probabilities "
+                           "(got true).")
+    if body.top_logprobs is not None:
+        raise _unsupported("top_logprobs", "'top_logprobs' must be absent: this server does not return "
+                           f"log-probabilities (got {body.top_logprobs}).")
+    if body.functions is not None or body.function_call is not None:
+        field = "functions" if body.functions is not None else "function_call"
+        raise _unsupported(field, f"'{field}' is OpenAI's deprecated tool interface; send 'tools' and 'tool_choice' "
+                           "instead (every current client does).")
+    if body.audio is not None or (body.modalities is not None and body.modalities != ["text"]):
+        field = "audio" if body.audio is not None else "modalities"
+        raise _unsupported(field, f"'{field}' asks for audio output; this server generates text only "
+                           "(send modalities ['text'] or leave it out).")
+    if body.stream and body.n != 1:
+        raise _unsupported("n", f"'n' must be 1 when 'stream' is true (got {body.n}); stream one choice per request.")
+    return GenerationRequest(
+        messages=[message.core() for message in body.messages],
+        max_tokens=body.max_completion_tokens or body.max_tokens or server.config.default_max_tokens,
+        seed=_seed(body.seed, index),
+        request_id=f"{request_id}-{index}",
+        session_id=session_id,
+        **body.sampling_options(),
+        **body.core_tools(),
+    )
+
+
+def _chat_message(result: GenerationResult) -> ChatChoiceMessage:
+    calls = [ToolCallOut(**call.to_openai()) for call in result.tool_calls]
+    # OpenAI sends content null when a reply is only tool calls.
+    content = result.text if (result.text or not calls) else None
+    return ChatChoiceMessage(content=content, tool_calls=calls or None)
+
+
+def completion_requests(
+    server: _Server, body: CompletionRequest, request_id: str, session_id: str | None = None
+) -> list[GenerationRequest]:
+    """One core request per prompt of a text completion (refusals raise a 400 naming the field)."""
+    from gpuprompt.llm import GenerationRequest
+
+    prompts = [body.prompt] if isinstance(body.prompt, str) else body.prompt
+    if any(not isinstance(p, str) for p in prompts):
+        raise ApiError(
+            400,
+            "'prompt' must be a str or a list of str (got token ids): token ids of another tokenizer cannot be "
+            "read by the served model; send the text (the server tokenizes it with the model's own tokenizer).",
+            param="prompt",
+            code="invalid_value",
+        )
+    if body.n != 1:
+        raise _unsupported("n", f"'n' must be 1 (got {body.n}); for several continuations send the prompt several "
+                           "times in a list.")
+    if body.best_of not in (None, 1):
+        raise _unsupported("best_of", f"'best_of' must be 1 or absent (got {body.best_of}); this server does not "
+                           "rank candidates.")
+    if body.logprobs is not None:
+        raise _unsupported("logprobs", f"'logprobs' must be absent: this server does not return log-probabilities "
+                           f"(got {body.logprobs}).")
+    if body.suffix:
+        raise _unsupported("suffix", "'suffix' must be empty: this server does not fill in the middle.")
+    if body.stream and len(prompts) != 1:
+        raise _unsupported("prompt", f"'prompt' must be one text when 'stream' is true (got {len(prompts)}); "
+                           "stream one prompt per request.")
+    options = body.sampling_options()
+    return [
+        GenerationRequest(
+            prompt=prompt,
+            max_tokens=body.max_tokens or server.config.default_max_tokens,
+            seed=_seed(body.seed, index),
+            request_id=f"{request_id}-{index}",
+            session_id=session_id,
+            **options,
+        )
+        for index, prompt in enumerate(prompts)
+    ]
+
+
+def _prompt_field(exc: ContextLengthError) -> ApiError:
+    # The field at fault in a text completion is 'prompt', not 'messages'.
+    return ApiError(400, str(exc), param="prompt", code="context_length_exceeded")
+
+
+def add_generation_routes(app: FastAPI, server: _Server) -> None:
+    """Register ``/v1/chat/completions`` and ``/v1/completions`` on ``app``."""
+
+    @app.post("/v1/chat/completions", response_model=ChatCompletionResponse, tags=["openai"])
+    async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
+        """Chat completion with tools; ``stream: true`` answers with server-sent events ending in ``[DONE]``.
+
+        A client that disconnects cancels its generation inside the engine.
+        """
+        server.check_model(body.model, server.llm.model_name, "chat")
+        completion_id = f"chatcmpl-{uuid.uuid4().hex}"
+        session_id = session_of(request)
+        requests = [chat_request(server, body, completion_id, i, session_id) for i in range(body.n)]
+        include_usage = bool(body.stream_options and body.stream_options.include_usage)
+        if body.stream:
+            return await _stream(server, request, requests[0], completion_id, include_usage, _chat_chunks)
+        outcome = await until_disconnect(request, all_or_none([server.llm.agenerate(r) for r in requests]))
+        if isinstance(outcome, Response):
+            return outcome
+        results: list[GenerationResult] = list(outcome)
+        _observe(server, results, "chat")
+        return json_response(
+            ChatCompletionResponse(
+                id=completion_id,
+                created=int(time.time()),
+                model=results[0].model,
+                choices=[ChatChoice(index=i, message=_chat_message(r), finish_reason=r.finish_reason)
+                         for i, r in enumerate(results)],
+                usage=usage_model([r.usage for r in results], prompts=1),
+            )
+        )
+
+    @app.post("/v1/completions", response_model=CompletionResponse, tags=["openai"])
+    async def completions(body: CompletionRequest, request: Request) -> Response:
+        """Text completion of a raw prompt (no chat template), or of each prompt of a list.
+
+        ``echo`` puts the prompt before the continuation; ``stream: true`` answers with server-sent
+        events ending in ``[DONE]`` (one prompt per streamed request).
+        """
+        server.check_model(body.model, server.llm.model_name, "chat")
+        completion_id = f"cmpl-{uuid.uuid4().hex}"
+        requests = completion_requests(server, body, completion_id, session_of(request))
+        include_usage = bool(body.stream_options and body.stream_options.include_usage)
+        if body.stream:
+            prefix = requests[0].prompt if body.echo else ""
+            try:
+                return await _stream(server, request, requests[0], completion_id, include_usage,
+                                     _text_chunks(prefix or ""))
+            except ContextLengthError as exc:
+                raise _prompt_field(exc) from exc
+        try:
+            outcome = await until_disconnect(request, all_or_none([server.llm.agenerate(r) for r in requests]))
+        except ContextLengthError as exc:
+            raise _prompt_field(exc) from exc
+        if isinstance(outcome, Response):
+            return outcome
+        results: list[GenerationResult] = list(outcome)
+        _observe(server, results, "completion")
+        return json_response(
+            CompletionResponse(
+                id=completion_id,
+                created=int(time.time()),
+                model=results[0].model,
+                choices=[
+                    CompletionChoice(index=i, text=(req.prompt if body.echo else "") + r.text,
+                                     finish_reason=r.finish_reason)
+                    for i, (req, r) in enumerate(zip(requests, results, strict=True))
+                ],
+                usage=usage_model([r.usage for r in results]),
+            )
+        )
+
+
+def _observe(server: _Server, results: list[GenerationResult], route: str) -> None:
+    for result in results:
+        server.metrics.ttft.labels(route).observe(result.timings.ttft_s)
+        server.metrics.generation_latency.labels(route).observe(result.timings.total_s)
+
+
+# ---------------------------------------------------------------------- streaming
+ChunkMaker = Callable[[dict[str, Any], "StreamDelta | None", str | None], list[dict[str, Any]]]
+"""Builds the ``choices`` entries of the chunks for one engine delta (or the opening chunk)."""
+
+
+def _chat_chunks(base: dict[str, Any], delta: StreamDelta | None, finish: str | None) -> list[dict[str, Any]]:
+    def choice(payload: dict[str, Any], finish_reason: str | None = None) -> dict[str, Any]:
+        return {"index": 0, "delta": payload, "finish_reason": finish_reason, "logprobs": None}
+
+    if delta is None:  # the opening chunk names the role, as OpenAI's does
+        return [choice({"role": "assistant", "content": ""})]
+    out = []
+    if delta.text:
+        out.append(choice({"content": delta.text}))
+    if delta.tool_calls:
+        calls = []
+        for piece in delta.tool_calls:
+            call: dict[str, Any] = {"index": piece.index}
+            function: dict[str, Any] = {}
+            if piece.id is not None:
+                call["id"] = piece.id
+                call["type"] = "function"
+            if piece.name is not None:
+                function["name"] = piece.name
+            function["arguments"] = piece.arguments
+            call["function"] = function
+            calls.append(call)
+        out.append(choice({"tool_calls": calls}))
+    if finish is not None:
+        out.append(choice({}, finish))
+    return out
+
+
+def _text_chunks(prefix: str) -> ChunkMaker:
+    def make(base: dict[str, Any], delta: StreamDelta | None, finish: str | None) -> list[dict[str, Any]]:
+        def choice(text: str, finish_reason: str | None = None) -> dict[str, Any]:
+            return {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
+
+        if delta is None:
+            return [choice(prefix)] if prefix else []
+        out = [choice(delta.text)] if delta.text else []
+        if finish is not None:
+            out.append(choice("", finish))
+        return out
+
+    return make
+
+
+async def _stream(
+    server: _Server,
+    http_request: Request,
+    request: GenerationRequest,
+    completion_id: str,
+    include_usage: bool,
+    chunks: ChunkMaker,
+) -> Response:
+    """Start the stream and wait for its first delta before answering, so a request the engine
+    refuses (too long, unsupported field, queue full, ...) still gets its proper HTTP status."""
+    metrics = server.metrics
+    chat = chunks is _chat_chunks
+    route = "chat_stream" if chat else "completion_stream"
+    started = time.perf_counter()
+    stream = server.llm.astream(request)
+    try:
+        first = await until_disconnect(http_request, stream.__anext__())
+    except StopAsyncIteration:  # pragma: no cover - the engine always ends with a final delta
+        raise InvalidInputError("the engine produced no output for this request.") from None
+    except BaseException:
+        await stream.aclose()
+        raise
+    if isinstance(first, Response):  # the client left before the first token
+        await stream.aclose()
+        return first
+    metrics.ttft.labels(route).observe(time.perf_counter() - started)
+    base = {
+        "id": completion_id,
+        "object": "chat.completion.chunk" if chat else "text_completion",
+        "created": int(time.time()),
+        "model": server.llm.model_name,
+    }
+
+    def event(choices: list[dict[str, Any]]) -> str:
+        payload = {**base, "choices": choices}
+        if include_usage:
+            payload["usage"] = None
+        return sse(payload)
+
+    async def events() -> AsyncIterator[str]:
+        # Closing the engine stream (normal end, error, or the client going away, which cancels
+        # this generator) aborts the request inside the engine if it is still running.
+        async with contextlib.aclosing(stream):
+            try:
+                for choice in chunks(base, None, None):
+                    yield event([choice])
+                delta = first
+                while True:
+                    for choice in chunks(base, delta, delta.finish_reason):
+                        yield event([choice])
+                    if delta.finish_reason is not None:
+                        if include_usage and delta.usage is not None:
+                            usage = usage_model([delta.usage]).model_dump()
+                            yield sse({**base, "choices": [], "usage": usage})
+                        break
+                    delta = await stream.__anext__()
+            except Exception as exc:  # noqa: BLE001 - headers are sent: report it in-band, as OpenAI does
+                yield sse(error_event(exc, server.config.retry_after_s))
+                return
+            finally:
+                metrics.generation_latency.labels(route).observe(time.perf_counter() - started)
+            yield "data: [DONE]\n\n"
+
+    return StreamingResponse(events(), media_type="text/event-stream", headers=SSE_HEADERS)

@@ -1,0 +1,481 @@
+"""Pydantic models of the generating OpenAI routes: ``/v1/chat/completions`` and ``/v1/completions``.
+
+Every field that changes the output is either passed to the core or refused with a 400 naming it;
+only fields that change nothing here (``user``, ``metadata``, ``store``, ...) are accepted and
+ignored. Unknown fields are ignored, as vLLM's server does (builders send vendor extras).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, BeforeValidator, Field, field_validator, model_validator
+
+from gpuprompt._validate import check_number
+from gpuprompt.server._schemas import (
+    MAX_STOP,
+    Choices,
+    JSONObject,
+    ModelName,
+    Priority,
+    Seed,
+    Temperature,
+    Text,
+    TokenCount,
+    TopP,
+    UsageModel,
+    _int,
+    _number,
+    _OpenAIRequest,
+    _run,
+)
+
+__all__ = [
+    "MAX_LOGIT_BIAS",
+    "MAX_TOOLS",
+    "ChatCompletionRequest",
+    "ChatCompletionResponse",
+    "ChatMessage",
+    "ChatUsage",
+    "CompletionRequest",
+    "CompletionResponse",
+]
+
+MAX_TOOLS = 128
+"""Most tool definitions per request (OpenAI's limit)."""
+MAX_LOGIT_BIAS = 1024
+"""Most ``logit_bias`` entries per request."""
+MAX_TOKEN_ID = 2**31 - 1
+"""The largest token id accepted in ``logit_bias`` (the engine checks it against its vocabulary)."""
+
+TopK = _int(-1, MAX_TOKEN_ID)
+"""Sample from the ``k`` most likely tokens; 0 or -1 (vLLM's spelling) turns it off."""
+MinP = _number(0.0, 1.0)
+"""Drop tokens below ``min_p`` times the most likely token's probability; 0 turns it off."""
+Penalty = _number(-2.0, 2.0)
+"""OpenAI's presence / frequency penalty range."""
+RepetitionPenalty = Annotated[float, Field(gt=0.0, le=10.0), BeforeValidator(_run(check_number, min=0.0, max=10.0))]
+"""Multiplicative repetition penalty (1 turns it off; HF / vLLM semantics)."""
+StopText = Annotated[Text, Field(min_length=1)]
+Bias = Annotated[float, BeforeValidator(_run(check_number, min=-100.0, max=100.0))]
+"""A ``logit_bias`` value: added to the token's logit, in [-100, 100]."""
+
+
+class StreamOptions(_OpenAIRequest):
+    """Streaming options."""
+
+    include_usage: bool = False
+    """Send a last chunk with the usage (and empty ``choices``)."""
+
+
+class JSONSchemaSpec(_OpenAIRequest):
+    """OpenAI's ``json_schema`` response format body."""
+
+    name: Text | None = None
+    description: Text | None = None
+    schema_: JSONObject = Field(alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(_OpenAIRequest):
+    """``{"type": "text" | "json_object" | "json_schema", "json_schema": {...}}``."""
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JSONSchemaSpec | None = None
+
+    @model_validator(mode="after")
+    def _schema_given(self) -> ResponseFormat:
+        if self.type == "json_schema" and self.json_schema is None:
+            raise ValueError("type 'json_schema' needs a 'json_schema': {'name': ..., 'schema': {...}}")
+        return self
+
+    def core(self) -> dict[str, Any]:
+        """The ``response_format`` of the core request."""
+        if self.type == "json_object":
+            return {"type": "json_object"}
+        return self.model_dump(by_alias=True, exclude_none=True)
+
+
+class _Sampling(_OpenAIRequest):
+    """Sampling fields shared by chat and text completions (each reaches the core or is refused)."""
+
+    temperature: Temperature = 1.0
+    """0 for greedy decoding."""
+    top_p: TopP = 1.0
+    """Nucleus sampling mass."""
+    top_k: TopK = 0
+    """Most likely tokens to sample from (0 or -1: off)."""
+    min_p: MinP = 0.0
+    """Minimum probability relative to the most likely token (0: off)."""
+    presence_penalty: Penalty = 0.0
+    """Penalise tokens that appeared at all (OpenAI semantics)."""
+    frequency_penalty: Penalty = 0.0
+    """Penalise tokens by how often they appeared (OpenAI semantics)."""
+    repetition_penalty: RepetitionPenalty = 1.0
+    """Multiplicative penalty of repeated tokens (1: off)."""
+    logit_bias: dict[str, Bias] | None = None
+    """Token id (as a JSON key) -> bias in [-100, 100] added to its logit."""
+    seed: Seed | None = None
+    """Sampling seed."""
+    stop: StopText | list[StopText] | None = None
+    """Up to 16 non-empty strings that end generation."""
+    response_format: ResponseFormat | None = None
+    """Constrain the output to JSON (guided decoding)."""
+    guided_json: JSONObject | None = None
+    """vLLM extension: a JSON schema the output must match."""
+    guided_regex: Annotated[Text, Field(min_length=1, max_length=65536)] | None = None
+    """vLLM extension: a regular expression the output must match."""
+    guided_choice: list[Annotated[Text, Field(min_length=1)]] | None = Field(None, min_length=1, max_length=1024)
+    """vLLM extension: the output is exactly one of these strings."""
+    priority: Priority = 0
+    """gpuprompt / vLLM extension: lower is served first when the engine is busy."""
+    user: Text | None = None
+    """Ignored (an end-user id for abuse monitoring)."""
+    metadata: JSONObject | None = None
+    """Ignored (OpenAI stores it with the completion; nothing is stored here)."""
+    store: bool | None = None
+    """Ignored (nothing is stored)."""
+    service_tier: Text | None = None
+    """Ignored (one tier)."""
+
+    @field_validator("stop")
+    @classmethod
+    def _stops(cls, value: Any) -> Any:
+        if isinstance(value, list) and len(value) > MAX_STOP:
+            raise ValueError(f"must hold at most {MAX_STOP} strings (got {len(value)})")
+        return value
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _token_ids(cls, value: dict[str, float] | None) -> dict[str, float] | None:
+        if value is None:
+            return None
+        if len(value) > MAX_LOGIT_BIAS:
+            raise ValueError(f"must hold at most {MAX_LOGIT_BIAS} entries (got {len(value)})")
+        for key in value:
+            if not (key.isascii() and key.isdigit() and len(key) <= 10 and int(key) <= MAX_TOKEN_ID):
+                shown = repr(key[:40])
+                raise ValueError(
+                    f"keys must be token ids of the served model's tokenizer written as whole numbers, e.g. "
+                    f"{{'50256': -100}} (got key {shown})"
+                )
+        return value
+
+    def sampling_options(self) -> dict[str, Any]:
+        """The :class:`~gpuprompt.llm.GenerationRequest` keywords of these fields (seed excluded)."""
+        guided: dict[str, Any] = {}
+        if self.response_format is not None and self.response_format.type != "text":
+            guided["response_format"] = self.response_format.core()
+        if self.guided_json is not None:
+            guided["response_format"] = {"type": "json_schema",
+                                         "json_schema": {"name": "guided_json", "schema": self.guided_json}}
+        if self.guided_regex is not None:
+            guided["guided_regex"] = self.guided_regex
+        if self.guided_choice is not None:
+            guided["guided_choice"] = list(self.guided_choice)
+        options: dict[str, Any] = {
+            "temperature": self.temperature,
+            "top_p": self.top_p,
+            "stop": [self.stop] if isinstance(self.stop, str) else list(self.stop or ()),
+            "priority": self.priority,
+            **guided,
+        }
+        # Only non-default values are passed: a backend refuses (400) what it cannot honour, and a
+        # default value asks for nothing, so a client that always sends the defaults (Dify) works.
+        if self.top_k not in (0, -1):
+            options["top_k"] = self.top_k
+        for name, off in (("min_p", 0.0), ("presence_penalty", 0.0), ("frequency_penalty", 0.0),
+                          ("repetition_penalty", 1.0)):
+            if getattr(self, name) != off:
+                options[name] = getattr(self, name)
+        if self.logit_bias:
+            options["logit_bias"] = {int(k): float(v) for k, v in self.logit_bias.items()}
+        return options
+
+    @model_validator(mode="after")
+    def _one_constraint(self) -> _Sampling:
+        given = [k for k in ("guided_json", "guided_regex", "guided_choice") if getattr(self, k) is not None]
+        if self.response_format is not None and self.response_format.type != "text":
+            given.insert(0, "response_format")
+        if len(given) > 1:
+            raise ValueError(f"'{given[1]}' cannot be combined with '{given[0]}': give at most one output constraint")
+        return self
+
+
+# ---------------------------------------------------------------------- tools
+class FunctionDefinition(_OpenAIRequest):
+    """``tools[i].function``: the tool's name, description and JSON schema of its arguments."""
+
+    name: Annotated[Text, Field(min_length=1, max_length=64)]
+    description: Text | None = None
+    parameters: JSONObject | None = None
+    strict: bool | None = None
+
+
+class ToolDefinition(_OpenAIRequest):
+    """``{"type": "function", "function": {...}}``."""
+
+    type: Literal["function"] = "function"
+    function: FunctionDefinition
+
+    def core(self) -> dict[str, Any]:
+        """The OpenAI form the core's ``ToolSpec.from_openai`` reads."""
+        return {"type": "function", "function": self.function.model_dump(exclude_none=True)}
+
+
+class NamedFunction(_OpenAIRequest):
+    name: Annotated[Text, Field(min_length=1, max_length=64)]
+
+
+class NamedToolChoice(_OpenAIRequest):
+    """``{"type": "function", "function": {"name": ...}}``: force a call of this tool."""
+
+    type: Literal["function"] = "function"
+    function: NamedFunction
+
+
+class FunctionCall(_OpenAIRequest):
+    """The called function of an assistant's tool call."""
+
+    name: Annotated[Text, Field(min_length=1, max_length=64)]
+    arguments: Text | JSONObject = "{}"
+    """JSON text of the arguments (an object is accepted and serialised)."""
+
+
+class ToolCallIn(_OpenAIRequest):
+    """One tool call of an earlier assistant message."""
+
+    id: Annotated[Text, Field(min_length=1, max_length=256)]
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+    def core(self) -> dict[str, Any]:
+        arguments = self.function.arguments
+        if not isinstance(arguments, str):
+            arguments = json.dumps(arguments, ensure_ascii=False)
+        return {"id": self.id, "type": "function", "function": {"name": self.function.name, "arguments": arguments}}
+
+
+# ---------------------------------------------------------------------- chat
+class ChatMessage(_OpenAIRequest):
+    """One chat message (``developer`` counts as ``system``)."""
+
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    """Who said it."""
+    content: Text | list[JSONObject] | None = None
+    """The text, or a list of ``{"type": "text", "text": ...}`` parts; None on an assistant
+    message that only calls tools."""
+    name: Text | None = None
+    """A participant's name (ignored), or the tool's name on a ``tool`` message."""
+    tool_calls: list[ToolCallIn] | None = Field(None, max_length=MAX_TOOLS)
+    """An assistant message's tool calls."""
+    tool_call_id: Annotated[Text, Field(min_length=1, max_length=256)] | None = None
+    """On a ``tool`` message: the id of the call this is the result of."""
+
+    @field_validator("content")
+    @classmethod
+    def _text_parts(cls, value: Any) -> Any:
+        if isinstance(value, list):
+            for index, part in enumerate(value):
+                kind = part.get("type")
+                if kind != "text" or not isinstance(part.get("text"), str):
+                    shown = repr(kind) if isinstance(kind, str) and len(kind) <= 40 else type(kind).__name__
+                    raise ValueError(
+                        f"part [{index}] must be {{'type': 'text', 'text': str}} (got type {shown}); "
+                        "this server takes text only"
+                    )
+        return value
+
+    @model_validator(mode="after")
+    def _roles(self) -> ChatMessage:
+        if self.role == "tool" and self.tool_call_id is None:
+            raise ValueError("a 'tool' message needs 'tool_call_id': the id of the assistant's call it answers")
+        if self.tool_calls and self.role != "assistant":
+            raise ValueError(f"only an 'assistant' message may hold 'tool_calls' (got role {self.role!r})")
+        return self
+
+    def text(self) -> str:
+        """The content as one string."""
+        if self.content is None:
+            return ""
+        if isinstance(self.content, str):
+            return self.content
+        return "\n".join(part["text"] for part in self.content)
+
+    def core(self) -> dict[str, Any]:
+        """The message as the core's :class:`~gpuprompt.llm.GenerationRequest` takes it."""
+        if self.role in ("system", "developer"):
+            return {"role": "system", "content": self.text()}
+        if self.role == "tool":
+            message = {"role": "tool", "content": self.text(), "tool_call_id": self.tool_call_id}
+            if self.name is not None:
+                message["name"] = self.name
+            return message
+        if self.role == "assistant" and self.tool_calls:
+            return {"role": "assistant", "content": None if self.content is None else self.text(),
+                    "tool_calls": [call.core() for call in self.tool_calls]}
+        return {"role": self.role, "content": self.text()}
+
+
+class ChatCompletionRequest(_Sampling):
+    """``POST /v1/chat/completions``."""
+
+    model: ModelName | None = None
+    """The chat model (see ``GET /v1/models``); None for the served one."""
+    messages: list[ChatMessage] = Field(min_length=1)
+    """The conversation so far."""
+    max_tokens: TokenCount | None = None
+    """Most tokens to generate (deprecated by OpenAI in favour of ``max_completion_tokens``)."""
+    max_completion_tokens: TokenCount | None = None
+    """Most tokens to generate; wins over ``max_tokens``."""
+    n: Choices = 1
+    """Choices to generate (1 when streaming)."""
+    stream: bool = False
+    """Answer with server-sent events."""
+    stream_options: StreamOptions | None = None
+    """``{"include_usage": true}`` for a usage chunk at the end of a stream."""
+    tools: list[ToolDefinition] | None = Field(None, max_length=MAX_TOOLS)
+    """Functions the model may call."""
+    tool_choice: Literal["auto", "required", "none"] | NamedToolChoice | None = None
+    """``auto`` (default with tools), ``required``, ``none`` or one named tool."""
+    parallel_tool_calls: bool | None = None
+    """False: at most one call per reply (default True)."""
+    logprobs: bool | None = None
+    """Refused when true (no log-probabilities here)."""
+    top_logprobs: int | None = None
+    """Refused when given."""
+    functions: list[JSONObject] | None = None
+    """Refused: the deprecated form of ``tools``."""
+    function_call: Text | JSONObject | None = None
+    """Refused: the deprecated form of ``tool_choice``."""
+    modalities: list[Text] | None = None
+    """Only ``["text"]``."""
+    audio: JSONObject | None = None
+    """Refused (text only)."""
+    prediction: JSONObject | None = None
+    """Ignored (a latency hint of OpenAI's; the output does not depend on it)."""
+
+    @model_validator(mode="after")
+    def _forced_needs_tools(self) -> ChatCompletionRequest:
+        if not self.tools and (isinstance(self.tool_choice, NamedToolChoice) or self.tool_choice == "required"):
+            raise ValueError("'tool_choice' forces a tool call but 'tools' is empty: send the tool definitions")
+        return self
+
+    def core_tools(self) -> dict[str, Any]:
+        """The tool keywords of the core request (empty without tools)."""
+        if not self.tools:
+            return {}
+        choice: Any = self.tool_choice or "auto"
+        if isinstance(choice, NamedToolChoice):
+            choice = {"type": "function", "function": {"name": choice.function.name}}
+        return {
+            "tools": [tool.core() for tool in self.tools],
+            "tool_choice": choice,
+            "parallel_tool_calls": True if self.parallel_tool_calls is None else self.parallel_tool_calls,
+        }
+
+
+class ChatUsage(UsageModel):
+    """Token counts of a generation, with the prompt tokens the prefix cache served."""
+
+    prompt_tokens_details: dict[str, int] = Field(default_factory=lambda: {"cached_tokens": 0})
+    """``{"cached_tokens": n}``: prompt tokens read from the prefix cache (vLLM; 0 on transformers)."""
+
+
+class ToolCallOut(BaseModel):
+    """A tool call in a reply."""
+
+    id: str
+    type: Literal["function"] = "function"
+    function: dict[str, str]
+    """``{"name": ..., "arguments": JSON text}``."""
+
+
+class ChatChoiceMessage(BaseModel):
+    """The generated message."""
+
+    role: Literal["assistant"] = "assistant"
+    content: str | None
+    """The text; None when the reply only calls tools."""
+    refusal: None = None
+    tool_calls: list[ToolCallOut] | None = Field(None, exclude_if=lambda v: v is None)
+    """The calls, when the model called tools (``finish_reason`` is then ``"tool_calls"``)."""
+
+
+class ChatChoice(BaseModel):
+    """One choice."""
+
+    index: int
+    message: ChatChoiceMessage
+    finish_reason: str
+    logprobs: None = None
+
+
+class ChatCompletionResponse(BaseModel):
+    """The answer to a non-streaming ``POST /v1/chat/completions``."""
+
+    id: str
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int
+    model: str
+    choices: list[ChatChoice]
+    usage: ChatUsage
+    system_fingerprint: str | None = None
+
+
+# ---------------------------------------------------------------------- completions
+class CompletionRequest(_Sampling):
+    """``POST /v1/completions``: raw text continuation (no chat template)."""
+
+    model: ModelName | None = None
+    """The chat model (see ``GET /v1/models``); None for the served one."""
+    prompt: Text | list[Text] | list[int] | list[list[int]]
+    """A text, or a list of texts (one choice each); token-id prompts are refused."""
+    max_tokens: TokenCount | None = None
+    """Most tokens to generate per prompt (default: the server's ``--default-max-tokens``)."""
+    n: Choices = 1
+    """Must be 1: send a prompt several times (a list) for several continuations."""
+    best_of: Choices | None = None
+    """Must be None or 1."""
+    stream: bool = False
+    """Answer with server-sent events (one prompt only)."""
+    stream_options: StreamOptions | None = None
+    """``{"include_usage": true}`` for a usage chunk at the end of a stream."""
+    echo: bool = False
+    """Put the prompt before the generated text."""
+    logprobs: int | None = None
+    """Refused when given (no log-probabilities here)."""
+    suffix: Text | None = None
+    """Refused when non-empty (no fill-in-the-middle)."""
+
+    @field_validator("prompt")
+    @classmethod
+    def _count(cls, value: Any) -> Any:
+        if isinstance(value, list):
+            if not value:
+                raise ValueError("must hold at least one prompt (got an empty list)")
+            if len(value) > 64:
+                raise ValueError(f"must hold at most 64 prompts (got {len(value)}); split the request")
+        return value
+
+
+class CompletionChoice(BaseModel):
+    """One continuation."""
+
+    index: int
+    text: str
+    logprobs: None = None
+    finish_reason: str
+
+
+class CompletionResponse(BaseModel):
+    """The answer to a non-streaming ``POST /v1/completions``."""
+
+    id: str
+    object: Literal["text_completion"] = "text_completion"
+    created: int
+    model: str
+    choices: list[CompletionChoice]
+    usage: ChatUsage
+    system_fingerprint: str | None = None

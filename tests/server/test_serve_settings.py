@@ -1,0 +1,116 @@
+"""``gpuprompt serve`` settings: every flag is also a GPUPROMPT_* variable, flags win, the README
+table lists them all, and --embed-quantize reaches the embedder."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from gpuprompt.cli import build_parser
+from gpuprompt.errors import ConfigurationError
+from gpuprompt.server._settings import ServeSettings, env_name, flag_name, load_settings
+
+README = Path(__file__).resolve().parents[2] / "README.md"
+
+
+def _serve_parser():
+    parser = build_parser()
+    sub = next(a for a in parser._actions if a.dest == "command")
+    return sub.choices["serve"]
+
+
+def _given(argv: list[str]) -> dict:
+    args = _serve_parser().parse_args(argv)
+    return {name: getattr(args, name) for name in ServeSettings.model_fields if hasattr(args, name)}
+
+
+@pytest.fixture
+def clean_env(monkeypatch):
+    for name in ServeSettings.model_fields:
+        monkeypatch.delenv(env_name(name), raising=False)
+    return monkeypatch
+
+
+def test_every_setting_is_a_flag_and_a_variable() -> None:
+    flags = {opt for a in _serve_parser()._actions for opt in a.option_strings if opt.startswith("--")}
+    assert flags - {"--help"} == {flag_name(name) for name in ServeSettings.model_fields}
+    assert flag_name("max_in_flight") == "--max-in-flight"
+    assert env_name("max_in_flight") == "GPUPROMPT_MAX_IN_FLIGHT"
+
+
+def test_defaults_match_serve_and_the_server_config(clean_env) -> None:
+    import inspect
+
+    from gpuprompt.server import serve
+
+    options = load_settings().serve_options()
+    parameters = inspect.signature(serve).parameters
+    assert set(options) <= set(parameters)
+    for name, value in options.items():
+        if name not in ("api_key",):
+            assert parameters[name].default == value, name
+
+
+def test_environment_sets_and_flags_win(clean_env) -> None:
+    clean_env.setenv("GPUPROMPT_PORT", "9001")
+    clean_env.setenv("GPUPROMPT_HOST", "0.0.0.0")
+    clean_env.setenv("GPUPROMPT_ANY_MODEL_NAME", "true")
+    clean_env.setenv("GPUPROMPT_EMBED_QUANTIZE", "int8")
+    clean_env.setenv("GPUPROMPT_MAX_IN_FLIGHT", "12")
+    settings = load_settings(**_given([]))
+    assert (settings.port, settings.host, settings.any_model_name, settings.embed_quantize) == (9001, "0.0.0.0", True, "int8")
+    assert settings.serve_options()["strict_model_names"] is False
+    settings = load_settings(**_given(["--port", "9002", "--max-in-flight", "3", "--embed-quantize", "auto"]))
+    assert (settings.port, settings.max_in_flight, settings.embed_quantize, settings.host) == (9002, 3, "auto", "0.0.0.0")
+
+
+def test_empty_variables_count_as_unset(clean_env) -> None:
+    clean_env.setenv("GPUPROMPT_API_KEY", "")
+    assert load_settings().api_key is None
+    clean_env.setenv("GPUPROMPT_API_KEY", "k1")
+    assert load_settings().serve_options()["api_key"] == "k1"
+
+
+def test_bad_values_name_the_flag_and_the_variable(clean_env) -> None:
+    clean_env.setenv("GPUPROMPT_PORT", "eighty")
+    with pytest.raises(ConfigurationError) as info:
+        load_settings()
+    assert "GPUPROMPT_PORT" in str(info.value) and "--port" in str(info.value)
+    with pytest.raises(ConfigurationError, match="--max-in-flight"):
+        load_settings(**_given(["--port", "1", "--max-in-flight", "0"]))
+    with pytest.raises(SystemExit):
+        _serve_parser().parse_args(["--embed-quantize", "int4"])
+
+
+def test_the_cli_reports_a_bad_variable_and_exits_2(clean_env, capsys) -> None:
+    from gpuprompt.cli import _serve
+
+    # _serve, not main(): main() closes the process's shared models on its way out.
+    clean_env.setenv("GPUPROMPT_MAX_IN_FLIGHT", "-5")
+    assert _serve(build_parser().parse_args(["serve"])) == 2
+    assert "GPUPROMPT_MAX_IN_FLIGHT" in capsys.readouterr().err
+
+
+def test_readme_table_lists_every_flag_with_its_variable_and_default() -> None:
+    text = README.read_text(encoding="utf-8")
+    rows = {m.group(1): m.group(0) for m in re.finditer(r"^\| `(--[a-z-]+)[^`]*` \|.*$", text, re.MULTILINE)}
+    for name, info in ServeSettings.model_fields.items():
+        row = rows.get(flag_name(name))
+        assert row is not None, f"README lacks a row for {flag_name(name)}"
+        assert f"`{env_name(name)}`" in row, row
+        default = info.default
+        if default not in (None, False):
+            shown = {str(default)} | ({f"{default:,}"} if isinstance(default, int) else set()) | (
+                {f"{default:g}"} if isinstance(default, float) else set())
+            assert any(f"`{s}`" in row or f"| {s} |" in row for s in shown), (row, default)
+
+
+def test_embed_quantize_reaches_the_runtime_embedder(server_llm) -> None:
+    from gpuprompt.server import create_app
+
+    app = create_app(embed_quantize="auto", llm=server_llm, preload=False)
+    assert app.state.gpuprompt.embedder.config.quantize == "auto"
+    with pytest.raises(ConfigurationError, match="'embed_quantize'"):
+        create_app(embed_quantize="int4", llm=server_llm, preload=False)

@@ -1,0 +1,258 @@
+"""Tool calling, JSON output and sampling fields over ``/v1/chat/completions`` with the official
+``openai`` client: reply and stream-chunk shapes (the SDK's own stream and parse helpers consume
+them), tool-result turns, usage details, and the fields refused with a 400 naming them.
+
+The bundled SmolLM2-135M picks tools poorly, so calls are forced (``required`` or a named tool):
+the output is then constrained, and the protocol's shape is guaranteed whatever the model thinks.
+Free-text arguments are enums where the model would otherwise ramble, and most forced calls set
+``parallel_tool_calls=False`` (one call), which keeps these constrained generations short on CPU.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Literal
+
+import openai
+import pytest
+from pydantic import BaseModel
+
+CHAT = "SmolLM2-135M-Instruct"
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Current weather of a city.",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string"}, "unit": {"type": "string", "enum": ["C", "F"]}},
+            "required": ["city", "unit"],
+            "additionalProperties": False,
+        },
+        "strict": True,
+    },
+}
+PRICE = {
+    "type": "function",
+    "function": {
+        "name": "get_price",
+        "description": "Price of a product in EUR.",
+        "parameters": {
+            "type": "object",
+            "properties": {"product": {"type": "string", "enum": ["red dress", "blue jeans", "linen shirt"]}},
+            "required": ["product"],
+            "additionalProperties": False,
+        },
+        "strict": True,
+    },
+}
+ASK = [{"role": "user", "content": "What is the weather in Paris, and what does the red dress cost?"}]
+
+
+class Weather(BaseModel):
+    """Current weather of a city."""
+
+    city: str
+    unit: Literal["C", "F"]
+
+
+class Answer(BaseModel):
+    colour: Literal["red", "blue", "green"]
+    price: int
+
+
+def _call(openai_client, **options: Any):
+    options = {"model": CHAT, "messages": ASK, "max_tokens": 48, "temperature": 0, **options}
+    return openai_client.chat.completions.create(**options)
+
+
+def _check_args(name: str, arguments: str) -> dict[str, Any]:
+    args = json.loads(arguments)
+    if name == "get_weather":
+        assert set(args) == {"city", "unit"} and isinstance(args["city"], str) and args["unit"] in ("C", "F")
+    else:
+        assert set(args) == {"product"} and args["product"] in ("red dress", "blue jeans", "linen shirt")
+    return args
+
+
+def test_a_named_tool_choice_gets_a_well_formed_call(openai_client) -> None:
+    response = _call(openai_client, tools=[WEATHER, PRICE], parallel_tool_calls=False,
+                     tool_choice={"type": "function", "function": {"name": "get_price"}})
+    [choice] = response.choices
+    assert choice.finish_reason == "tool_calls"
+    assert choice.message.role == "assistant"
+    assert choice.message.content is None
+    [call] = choice.message.tool_calls
+    assert call.type == "function"
+    assert call.id.startswith("call_")
+    assert call.function.name == "get_price"
+    _check_args("get_price", call.function.arguments)
+
+
+def test_required_calls_one_of_the_tools_and_parallel_false_calls_once(openai_client) -> None:
+    response = _call(openai_client, tools=[WEATHER, PRICE], tool_choice="required", parallel_tool_calls=False)
+    [choice] = response.choices
+    assert choice.finish_reason == "tool_calls"
+    [call] = choice.message.tool_calls
+    assert call.function.name in ("get_weather", "get_price")
+    _check_args(call.function.name, call.function.arguments)
+    response = _call(openai_client, tools=[WEATHER, PRICE], tool_choice="required")
+    calls = response.choices[0].message.tool_calls
+    assert calls and len({c.id for c in calls}) == len(calls)
+    for call in calls:
+        _check_args(call.function.name, call.function.arguments)
+
+
+def test_tool_choice_none_answers_in_prose(openai_client) -> None:
+    response = _call(openai_client, tools=[WEATHER], tool_choice="none", max_tokens=12)
+    [choice] = response.choices
+    assert choice.message.tool_calls is None
+    assert isinstance(choice.message.content, str) and choice.message.content
+    assert choice.finish_reason in ("stop", "length")
+
+
+def test_auto_with_tools_is_served(openai_client) -> None:
+    # Dify sends tool_choice "auto" with every tool app: whatever the model does, the shape is valid.
+    response = _call(openai_client, tools=[WEATHER, PRICE], tool_choice="auto", max_tokens=48)
+    [choice] = response.choices
+    if choice.finish_reason == "tool_calls":
+        for call in choice.message.tool_calls:
+            _check_args(call.function.name, call.function.arguments)
+    else:
+        assert choice.message.tool_calls is None and isinstance(choice.message.content, str)
+
+
+def test_tool_results_continue_the_conversation(openai_client) -> None:
+    first = _call(openai_client, tools=[WEATHER], tool_choice="required", parallel_tool_calls=False)
+    [call] = first.choices[0].message.tool_calls
+    messages = [
+        *ASK,
+        {"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
+        {"role": "tool", "tool_call_id": call.id, "content": json.dumps({"temp": 21, "sky": "sunny"})},
+    ]
+    response = _call(openai_client, messages=messages, tools=[WEATHER], max_tokens=16, tool_choice="none")
+    assert isinstance(response.choices[0].message.content, str)
+    assert response.usage.prompt_tokens > first.usage.prompt_tokens
+
+
+def test_streamed_tool_calls_have_the_chunk_shapes_of_openai(openai_client) -> None:
+    options = {"tools": [WEATHER, PRICE], "tool_choice": {"type": "function", "function": {"name": "get_weather"}},
+               "parallel_tool_calls": False}
+    whole = _call(openai_client, **options).choices[0].message.tool_calls
+    chunks = list(_call(openai_client, stream=True, stream_options={"include_usage": True}, **options))
+    assert chunks[0].choices[0].delta.role == "assistant"
+    pieces = [tc for c in chunks if c.choices for tc in (c.choices[0].delta.tool_calls or [])]
+    assert pieces
+    by_index: dict[int, list] = {}
+    for piece in pieces:
+        by_index.setdefault(piece.index, []).append(piece)
+    assert len(by_index) == len(whole)
+    for index, parts in by_index.items():
+        head, rest = parts[0], parts[1:]
+        assert head.id.startswith("call_") and head.type == "function"  # ids are new per request
+        assert head.function.name == whole[index].function.name
+        assert all(p.id is None and p.function.name is None for p in rest)  # the SDK concatenates strings
+        assert "".join(p.function.arguments or "" for p in parts) == whole[index].function.arguments
+    finishes = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert finishes == ["tool_calls"]
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens > 0
+
+
+def test_the_sdk_stream_helper_and_parse_read_tool_calls(openai_client) -> None:
+    tool = openai.pydantic_function_tool(Weather, name="get_weather")
+    choice = {"type": "function", "function": {"name": "get_weather"}}
+    done = []
+    options = {"model": CHAT, "messages": ASK, "max_tokens": 48, "temperature": 0, "tools": [tool],
+               "tool_choice": choice, "parallel_tool_calls": False}
+    with openai_client.chat.completions.stream(**options) as stream:
+        for event in stream:
+            if event.type == "tool_calls.function.arguments.done":
+                done.append(event)
+        final = stream.get_final_completion()
+    [event] = done
+    assert event.name == "get_weather"
+    assert isinstance(event.parsed_arguments, Weather)
+    [call] = final.choices[0].message.tool_calls
+    assert call.function.arguments == event.arguments
+    assert isinstance(call.function.parsed_arguments, Weather)
+    parsed = openai_client.chat.completions.parse(**options)
+    assert isinstance(parsed.choices[0].message.tool_calls[0].function.parsed_arguments, Weather)
+
+
+def test_parse_with_a_response_format_returns_the_model(openai_client) -> None:
+    messages = [{"role": "user", "content": "The red dress costs 49 EUR. Give its colour and price as JSON."}]
+    parsed = openai_client.chat.completions.parse(
+        model=CHAT, messages=messages, max_tokens=64, temperature=0, response_format=Answer
+    )
+    assert isinstance(parsed.choices[0].message.parsed, Answer)
+    response = openai_client.chat.completions.create(
+        model=CHAT, messages=messages, max_tokens=24, temperature=0, response_format={"type": "json_object"}
+    )
+    content = response.choices[0].message.content
+    assert content.startswith("{")
+    if response.choices[0].finish_reason == "stop":
+        assert isinstance(json.loads(content), dict)
+
+
+def test_usage_reports_cached_prompt_tokens(openai_client, server_llm) -> None:
+    response = _call(openai_client, max_tokens=4)
+    details = response.usage.prompt_tokens_details
+    assert details is not None and isinstance(details.cached_tokens, int)
+    if not server_llm.capabilities.get("prefix_cache"):
+        assert details.cached_tokens == 0
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("top_k", 5), ("min_p", 0.1), ("presence_penalty", 0.5), ("frequency_penalty", 0.5),
+     ("repetition_penalty", 1.2), ("logit_bias", {"42": -100})],
+)
+def test_sampling_fields_are_honoured_or_refused_naming_the_field(openai_client, server_llm, field, value) -> None:
+    supported = field in server_llm.capabilities["sampling"]
+    options = {field: value} if field in ("top_k", "min_p", "repetition_penalty") else {}
+    extra = {} if options else {field: value}
+    if supported:
+        response = _call(openai_client, max_tokens=4, temperature=0.8, seed=1, extra_body=options, **extra)
+        assert response.choices[0].finish_reason in ("stop", "length")
+    else:
+        with pytest.raises(openai.BadRequestError) as info:
+            _call(openai_client, max_tokens=4, temperature=0.8, extra_body=options, **extra)
+        assert info.value.param == field
+        assert info.value.code == "unsupported_parameter"
+        assert f"'{field}'" in info.value.message
+
+
+def test_default_sampling_values_are_always_accepted(openai_client) -> None:
+    # What Dify sends with its sliders untouched.
+    response = _call(openai_client, max_tokens=2, presence_penalty=0, frequency_penalty=0,
+                     extra_body={"top_k": 0, "min_p": 0, "repetition_penalty": 1})
+    assert response.choices[0].finish_reason in ("stop", "length")
+
+
+@pytest.mark.parametrize(
+    ("payload", "param", "fragment"),
+    [
+        ({"tool_choice": "required"}, "tool_choice", "'tools' is empty"),
+        ({"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice", "nope"),
+        ({"tools": [{"type": "function", "function": {"name": "bad name!"}}]}, "tools", "bad name!"),
+        ({"functions": [{"name": "f"}]}, "functions", "'tools'"),
+        ({"function_call": "auto"}, "function_call", "'tool_choice'"),
+        ({"messages": [{"role": "tool", "content": "4"}]}, "messages[0]", "tool_call_id"),
+        ({"messages": [{"role": "user", "content": "hi", "tool_calls": [
+            {"id": "c", "type": "function", "function": {"name": "f", "arguments": "{}"}}]}]}, "messages[0]", "assistant"),
+        ({"logprobs": True}, "logprobs", "'logprobs'"),
+        ({"top_logprobs": 2}, "top_logprobs", "'top_logprobs'"),
+        ({"modalities": ["text", "audio"]}, "modalities", "text only"),
+        ({"top_k": -2}, "top_k", "'top_k'"),
+        ({"repetition_penalty": 0}, "repetition_penalty", "repetition_penalty"),
+        ({"guided_regex": "a+", "guided_choice": ["a"]}, "guided_choice", "at most one"),
+    ],
+)
+def test_bad_tool_and_sampling_requests_are_400_naming_the_field(http, payload, param, fragment) -> None:
+    body = {"messages": ASK, "max_tokens": 2, **payload}
+    response = http.post("/v1/chat/completions", json=body)
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["type"] == "invalid_request_error"
+    assert (error["param"] or "").startswith(param), error
+    assert fragment in error["message"], error
