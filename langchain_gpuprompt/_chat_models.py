@@ -1,56 +1,56 @@
 """LangChain chat model over gpuprompt's batched LLMEngine (vLLM or transformers behind one interface).
 
-The adapter converts LangChain messages to engine requests and engine results to LangChain
-messages; batching, streaming, stop strings, cancellation and guided decoding live in the core.
+The adapter converts LangChain messages, tools and tool choices to engine requests and engine
+results to LangChain messages (:mod:`langchain_gpuprompt._chat_convert`); batching, streaming,
+stop strings, cancellation, the tool prompt format, the tool-call parser and guided decoding all
+live in the core.
 """
 
 from __future__ import annotations
 
-import json
-import uuid
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from operator import itemgetter
 from typing import TYPE_CHECKING, Any, Literal
 
 from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
-from langchain_core.language_models import BaseChatModel, LanguageModelInput
+from langchain_core.language_models import BaseChatModel, LanguageModelInput, ModelProfile
 from langchain_core.language_models.base import LangSmithParams
-from langchain_core.messages import (
-    AIMessage,
-    AIMessageChunk,
-    BaseMessage,
-    ChatMessage,
-    HumanMessage,
-    SystemMessage,
-    ToolMessage,
-)
-from langchain_core.messages.ai import UsageMetadata
+from langchain_core.messages import AIMessage, BaseMessage
 from langchain_core.output_parsers import JsonOutputKeyToolsParser, JsonOutputParser, PydanticOutputParser
 from langchain_core.output_parsers.openai_tools import PydanticToolsParser
-from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult
+from langchain_core.outputs import ChatGenerationChunk, ChatResult
 from langchain_core.runnables import Runnable, RunnableConfig, RunnableMap, RunnablePassthrough
 from langchain_core.tools import BaseTool
-from langchain_core.utils.function_calling import convert_to_json_schema, convert_to_openai_tool
+from langchain_core.utils.function_calling import convert_to_openai_tool
 from langchain_core.utils.pydantic import is_basemodel_subclass
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
 from gpuprompt._bridge import run_sync
-from gpuprompt.errors import ConfigurationError, InputTypeError, InvalidInputError, describe
+from gpuprompt.errors import ConfigurationError, InvalidInputError, describe
 from gpuprompt.llm._policy import check_call_policy
 from gpuprompt.models import BUNDLED_CHAT_MODEL
+from langchain_gpuprompt._chat_convert import (
+    PROVIDER,
+    chat_result,
+    core_messages,
+    core_tool_choice,
+    delta_chunk,
+    history_turns,
+    json_schema,
+)
 
 if TYPE_CHECKING:
-    from gpuprompt.llm import GenerationRequest, GenerationResult, LLMEngine, StreamDelta, Usage
+    from gpuprompt.llm import GenerationRequest, LLMEngine
 
 __all__ = ["ChatGPUPrompt"]
 
-_ANSWER_TOOL = "__answer__"
-"""The pseudo-tool a model under ``tool_choice="auto"`` picks to reply in prose instead."""
-
 _CALL_OPTIONS = frozenset(
     {"model", "max_tokens", "temperature", "top_p", "seed", "priority", "truncate", "timeout", "response_format",
-     "tools", "tool_choice", "stream", "ls_structured_output_format"}
+     "tools", "tool_choice", "parallel_tool_calls", "stream", "ls_structured_output_format"}
 )
+
+_to_core_messages = history_turns
+"""The (role, text) turns ``GPUPromptChatMessageHistory`` stores (kept under its old name)."""
 
 
 class ChatGPUPrompt(BaseChatModel):
@@ -80,10 +80,11 @@ class ChatGPUPrompt(BaseChatModel):
             msg = llm.invoke([("system", "You are a shop assistant."), ("human", "Hi!")])
             msg.content
             # 'Hello there! How can I assist you today?'
-            msg.usage_metadata
+            msg.usage_metadata        # cache_read: prompt tokens the prefix cache served (vLLM)
             # {'input_tokens': 22, 'output_tokens': 11, 'total_tokens': 33}
             msg.response_metadata
-            # {'model_name': 'HuggingFaceTB/SmolLM2-135M-Instruct', 'finish_reason': 'stop'}
+            # {'model_provider': 'gpuprompt', 'model_name': 'HuggingFaceTB/SmolLM2-135M-Instruct',
+            #  'finish_reason': 'stop'}
 
     Stream:
         .. code-block:: python
@@ -98,7 +99,7 @@ class ChatGPUPrompt(BaseChatModel):
             await llm.ainvoke("Hello")
             llm.batch(["Hello", "What is a return policy?"])
 
-    Structured output (JSON-schema guided decoding; needs a backend that supports it, i.e. vLLM):
+    Structured output (JSON-schema guided decoding, on both backends):
         .. code-block:: python
 
             from pydantic import BaseModel
@@ -111,11 +112,16 @@ class ChatGPUPrompt(BaseChatModel):
             # Product(name='Ava', price=40.0)          (the schema always holds; the 135M model's
             #                                           reading of the text is another matter)
 
-    Tool calling (guided decoding of ``{"name": ..., "arguments": {...}}``; vLLM backend):
+    Tool calling (the core renders the tools with the model's chat template and decodes a forced
+    call under the tool's schema; both backends):
         .. code-block:: python
 
             llm.bind_tools([get_order_status], tool_choice="any").invoke("Where is order 42?").tool_calls
             # [{'name': 'get_order_status', 'args': {'order_id': 42}, 'id': 'call_a8b0...', 'type': 'tool_call'}]
+
+    Agents (LangChain v1): ``create_agent(ChatGPUPrompt(), tools, response_format=Schema)``; the
+    model's :attr:`profile` tells the agent it supports tool calling, tool choice and native
+    structured output.
     """
 
     model: str | None = None
@@ -158,7 +164,7 @@ class ChatGPUPrompt(BaseChatModel):
         # Pure-Python checks (nothing loads): bad settings fail here with the core's typed error,
         # not inside a pydantic validator that would rewrap them.
         self._config()
-        self._request([{"role": "user", "content": ""}], None, {})
+        self._request([{"role": "user", "content": ""}], None, {})  # checks the sampling settings
         check_call_policy(self.timeout, self.max_retries)
 
     # ------------------------------------------------------------------ engine
@@ -210,6 +216,36 @@ class ChatGPUPrompt(BaseChatModel):
             self._engine_cache = engine
         return engine
 
+    def _resolve_model_profile(self) -> ModelProfile | None:
+        """What the model supports, for agents (``create_agent`` reads ``structured_output``).
+
+        Static (nothing loads): both backends call tools (with ``tool_choice``), stream tool-call
+        chunks and decode JSON schemas natively; text in, text out.
+        """
+        return ModelProfile(
+            name=self.model or BUNDLED_CHAT_MODEL,
+            open_weights=True,
+            max_input_tokens=self.max_model_len,
+            text_inputs=True,
+            image_inputs=False,
+            image_url_inputs=False,
+            pdf_inputs=False,
+            audio_inputs=False,
+            video_inputs=False,
+            image_tool_message=False,
+            pdf_tool_message=False,
+            text_outputs=True,
+            image_outputs=False,
+            audio_outputs=False,
+            video_outputs=False,
+            reasoning_output=False,
+            tool_calling=True,
+            tool_choice=True,
+            tool_call_streaming=True,
+            structured_output=True,
+            temperature=True,
+        )
+
     # ------------------------------------------------------------------ LangChain plumbing
     @property
     def _llm_type(self) -> str:
@@ -231,7 +267,7 @@ class ChatGPUPrompt(BaseChatModel):
 
     def _get_ls_params(self, stop: list[str] | None = None, **kwargs: Any) -> LangSmithParams:
         params = LangSmithParams(
-            ls_provider="gpuprompt",
+            ls_provider=PROVIDER,
             ls_model_name=kwargs.get("model") or self.model or BUNDLED_CHAT_MODEL,
             ls_model_type="chat",
             ls_temperature=kwargs.get("temperature", self.temperature),
@@ -247,12 +283,14 @@ class ChatGPUPrompt(BaseChatModel):
         return self.engine.count_tokens(text)
 
     def get_num_tokens_from_messages(self, messages: list[BaseMessage], tools: Sequence | None = None) -> int:
-        """Tokens of ``messages`` with the chat template applied, as the engine will see them."""
-        return self.engine.count_tokens(_to_core_messages(messages))
+        """Tokens of ``messages`` with the chat template applied (and ``tools`` rendered in, as a
+        request bound to them would be), as the engine will see them."""
+        formatted = [convert_to_openai_tool(tool) for tool in tools] if tools else None
+        return self.engine.count_tokens(core_messages(messages), tools=formatted)
 
     # ------------------------------------------------------------------ request building
     def _request(
-        self, messages: list[dict[str, str]], stop: list[str] | None, kwargs: dict[str, Any]
+        self, messages: list[dict[str, Any]], stop: list[str] | None, kwargs: dict[str, Any]
     ) -> GenerationRequest:
         from gpuprompt.llm import GenerationRequest
 
@@ -261,12 +299,19 @@ class ChatGPUPrompt(BaseChatModel):
             valid = sorted(_CALL_OPTIONS - {"ls_structured_output_format", "stream"})
             raise InvalidInputError(f"ChatGPUPrompt got unexpected call option(s) {unknown}; valid: {valid}.")
         response_format = kwargs.get("response_format")
-        tools = kwargs.get("tools")
-        if tools:
-            if response_format is not None:
-                raise InvalidInputError("pass either tools (bind_tools) or response_format, not both.")
-            messages, response_format = _tool_prompt(messages, tools, kwargs.get("tool_choice"))
+        if isinstance(response_format, type):  # a pydantic class / TypedDict, as ChatOpenAI takes it
+            response_format = json_schema(response_format)
         stops = stop if stop is not None else self.stop
+        tool_options: dict[str, Any] = {}
+        if kwargs.get("tools"):
+            tool_options["tools"] = kwargs["tools"]
+            tool_options["tool_choice"] = core_tool_choice(kwargs.get("tool_choice"))
+            if kwargs.get("parallel_tool_calls") is not None:
+                tool_options["parallel_tool_calls"] = kwargs["parallel_tool_calls"]
+        elif kwargs.get("tool_choice") not in (None, "auto", "none", False):
+            raise InvalidInputError(
+                f"'tool_choice' {describe(kwargs['tool_choice'])} needs tools; bind them with bind_tools(tools, ...)."
+            )
         return GenerationRequest(
             messages=messages,
             max_tokens=kwargs.get("max_tokens", self.max_tokens),
@@ -277,23 +322,14 @@ class ChatGPUPrompt(BaseChatModel):
             priority=kwargs.get("priority", self.priority),
             response_format=response_format,
             truncate=kwargs.get("truncate", self.truncate),
+            **tool_options,
         )
 
     def _prepare(
         self, messages: list[BaseMessage], stop: list[str] | None, kwargs: dict[str, Any]
-    ) -> tuple[GenerationRequest, Any, float | None, bool]:
-        request = self._request(_to_core_messages(messages), stop, kwargs)
-        model = kwargs.get("model", "__self__")
-        timeout = kwargs.get("timeout", self.timeout)
-        tool_mode = bool(kwargs.get("tools")) and request.response_format is not None
-        return request, model, timeout, tool_mode
-
-    def _check_backend(self, engine: LLMEngine, request: GenerationRequest) -> None:
-        if request.response_format is not None and not engine.supports_structured_output:
-            raise ConfigurationError(
-                f"structured output and tool calling need JSON-schema guided decoding, which the "
-                f"{engine.backend_name!r} backend does not support; use ChatGPUPrompt(backend='vllm')."
-            )
+    ) -> tuple[GenerationRequest, Any, float | None]:
+        request = self._request(core_messages(messages), stop, kwargs)
+        return request, kwargs.get("model", "__self__"), kwargs.get("timeout", self.timeout)
 
     # ------------------------------------------------------------------ generation
     def _generate(
@@ -303,11 +339,10 @@ class ChatGPUPrompt(BaseChatModel):
         run_manager: CallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> ChatResult:
-        request, model, timeout, tool_mode = self._prepare(messages, stop, kwargs)
+        request, model, timeout = self._prepare(messages, stop, kwargs)
         engine = self._get_engine(model)
-        self._check_backend(engine, request)
         [result] = engine.generate([request], timeout=timeout, max_retries=self.max_retries)
-        return _chat_result(result, tool_mode)
+        return chat_result(result)
 
     async def _agenerate(
         self,
@@ -316,11 +351,10 @@ class ChatGPUPrompt(BaseChatModel):
         run_manager: AsyncCallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> ChatResult:
-        request, model, timeout, tool_mode = self._prepare(messages, stop, kwargs)
+        request, model, timeout = self._prepare(messages, stop, kwargs)
         engine = await self._aget_engine(model)
-        self._check_backend(engine, request)
         result = await engine.agenerate(request, timeout=timeout, max_retries=self.max_retries)
-        return _chat_result(result, tool_mode)
+        return chat_result(result)
 
     def _stream(
         self,
@@ -329,16 +363,12 @@ class ChatGPUPrompt(BaseChatModel):
         run_manager: CallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> Iterator[ChatGenerationChunk]:
-        request, model, timeout, tool_mode = self._prepare(messages, stop, kwargs)
+        request, model, timeout = self._prepare(messages, stop, kwargs)
         engine = self._get_engine(model)
-        self._check_backend(engine, request)
         deltas = engine.stream(request, timeout=timeout)
         try:
-            pieces: list[str] = []
             for delta in deltas:
-                chunk = _delta_chunk(delta, engine.model_name, tool_mode, pieces)
-                if chunk is not None:
-                    yield chunk  # BaseChatModel reports each chunk to the callbacks
+                yield delta_chunk(delta, engine.model_name)  # BaseChatModel reports it to the callbacks
         finally:
             close = getattr(deltas, "close", None)
             if close is not None:
@@ -351,20 +381,16 @@ class ChatGPUPrompt(BaseChatModel):
         run_manager: AsyncCallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> AsyncIterator[ChatGenerationChunk]:
-        request, model, timeout, tool_mode = self._prepare(messages, stop, kwargs)
+        request, model, timeout = self._prepare(messages, stop, kwargs)
         engine = await self._aget_engine(model)
-        self._check_backend(engine, request)
         deltas = engine.astream(request, timeout=timeout).__aiter__()
         try:
-            pieces: list[str] = []
             while True:
                 try:
                     delta = await deltas.__anext__()
                 except StopAsyncIteration:
                     break
-                chunk = _delta_chunk(delta, engine.model_name, tool_mode, pieces)
-                if chunk is not None:
-                    yield chunk  # BaseChatModel reports each chunk to the callbacks
+                yield delta_chunk(delta, engine.model_name)  # BaseChatModel reports it to the callbacks
         finally:
             aclose = getattr(deltas, "aclose", None)
             if aclose is not None:
@@ -391,44 +417,55 @@ class ChatGPUPrompt(BaseChatModel):
     # ------------------------------------------------------------------ tools and structured output
     def bind_tools(
         self,
-        tools: Sequence[dict[str, Any] | type | Callable[..., Any] | BaseTool],
+        tools: Sequence[Mapping[str, Any] | type | Callable[..., Any] | BaseTool],
         *,
-        tool_choice: str | dict[str, Any] | bool | None = None,
+        tool_choice: str | Mapping[str, Any] | bool | None = None,
+        strict: bool | None = None,
+        parallel_tool_calls: bool | None = None,
         **kwargs: Any,
     ) -> Runnable[LanguageModelInput, AIMessage]:
-        """Bind tools; the model then replies with a tool call decoded under a JSON schema.
+        """Bind tools: the engine shows them to the model and returns typed tool calls.
 
-        The engine's guided decoding constrains the reply to ``{"name": <tool>, "arguments":
-        {...}}`` with the tool's own argument schema, so a call is always well-formed.
+        The core renders the tools with the model's own chat template (or its fallback format),
+        constrains a forced call by guided decoding to a well-formed call of a bound tool with
+        arguments valid under the tool's schema, and parses the reply into ``tool_calls``.
 
         Args:
             tools: LangChain tools, pydantic models, functions or OpenAI tool dicts.
             tool_choice: ``"any"``/``"required"``/``True`` force some tool call; a tool name (or
                 ``{"type": "function", "function": {"name": ...}}``) forces that tool;
-                ``"auto"``/None let the model call a tool or answer in prose; ``"none"`` disables
-                the tools for this binding.
+                ``"auto"``/None let the model call a tool or answer in prose; ``"none"``/False
+                describe the tools but produce no call.
+            strict: mark the tools strict (OpenAI's flag; forced calls are always decoded under
+                the schema here).
+            parallel_tool_calls: False allows at most one call per reply (default: several).
             **kwargs: further call options bound with the tools.
 
         Raises:
-            InvalidInputError: ``tool_choice`` names no bound tool, or has the wrong type.
+            InvalidInputError: a bad tool, or ``tool_choice`` names no bound tool / has the wrong type.
         """
-        formatted = [convert_to_openai_tool(tool) for tool in tools]
-        names = [tool["function"]["name"] for tool in formatted]
-        choice = _normalize_tool_choice(tool_choice, names)
-        if choice == "none":
-            return self.bind(**kwargs)
-        return self.bind(tools=formatted, tool_choice=choice, **kwargs)
+        from gpuprompt.llm._tools import ToolSpec, check_tool_choice
+
+        formatted = [convert_to_openai_tool(tool, strict=strict) for tool in tools]
+        choice = core_tool_choice(tool_choice)
+        # Each tool and the choice fail here, not at invoke (the whole request, e.g. two tools of one
+        # name, is checked when it is built: binding alone is allowed, as in other chat models).
+        check_tool_choice(choice, [ToolSpec.from_openai(tool, f"tools[{i}]") for i, tool in enumerate(formatted)])
+        bound: dict[str, Any] = {"tools": formatted, "tool_choice": choice, **kwargs}
+        if parallel_tool_calls is not None:
+            bound["parallel_tool_calls"] = parallel_tool_calls
+        return self.bind(**bound)
 
     def with_structured_output(
         self,
-        schema: dict[str, Any] | type,
+        schema: Mapping[str, Any] | type,
         *,
         method: Literal["json_schema", "function_calling", "json_mode"] = "json_schema",
         include_raw: bool = False,
         strict: bool | None = None,
         **kwargs: Any,
     ) -> Runnable[LanguageModelInput, dict[str, Any] | BaseModel]:
-        """A runnable whose output follows ``schema``, produced by JSON-schema guided decoding.
+        """A runnable whose output follows ``schema``, produced by guided decoding (both backends).
 
         Args:
             schema: a pydantic class (v2 or v1), a TypedDict, or a JSON schema / OpenAI tool dict.
@@ -450,7 +487,7 @@ class ChatGPUPrompt(BaseChatModel):
         trace = {"kwargs": {"method": method, "strict": strict}, "schema": schema}
         if method == "function_calling":
             name = convert_to_openai_tool(schema)["function"]["name"]
-            llm = self.bind_tools([schema], tool_choice=name, ls_structured_output_format=trace)
+            llm = self.bind_tools([schema], tool_choice=name, strict=strict, ls_structured_output_format=trace)
             parser: Runnable = (
                 PydanticToolsParser(tools=[schema], first_tool_only=True)  # type: ignore[list-item]
                 if pydantic_schema
@@ -458,7 +495,7 @@ class ChatGPUPrompt(BaseChatModel):
             )
         else:
             response_format: dict[str, Any] = (
-                {"type": "json_object"} if method == "json_mode" else _json_schema(schema)
+                {"type": "json_object"} if method == "json_mode" else json_schema(schema)
             )
             llm = self.bind(response_format=response_format, ls_structured_output_format=trace)
             parser = (
@@ -471,200 +508,3 @@ class ChatGPUPrompt(BaseChatModel):
         parsed = RunnablePassthrough.assign(parsed=itemgetter("raw") | parser, parsing_error=lambda _: None)
         failed = RunnablePassthrough.assign(parsed=lambda _: None)
         return RunnableMap(raw=llm) | parsed.with_fallbacks([failed], exception_key="parsing_error")
-
-
-# ---------------------------------------------------------------------- message conversion
-def _message_text(message: BaseMessage, position: int) -> str:
-    content = message.content
-    if isinstance(content, str):
-        return content
-    parts: list[str] = []
-    for block in content:
-        if isinstance(block, str):
-            parts.append(block)
-        elif isinstance(block, Mapping) and block.get("type") == "text":
-            parts.append(str(block.get("text", "")))
-        elif isinstance(block, Mapping) and block.get("type") in ("tool_use", "tool_call", "reasoning", "thinking"):
-            continue  # carried by tool_calls / not part of the visible text
-        else:
-            kind = block.get("type") if isinstance(block, Mapping) else type(block).__name__
-            raise InvalidInputError(
-                f"'messages[{position}]' holds a {kind!r} content block; this chat model takes text only "
-                "(send the text, or describe the image/file in words)."
-            )
-    return "".join(parts)
-
-
-def _to_core_messages(messages: Sequence[BaseMessage]) -> list[dict[str, str]]:
-    core: list[dict[str, str]] = []
-    for position, message in enumerate(messages):
-        if not isinstance(message, BaseMessage):
-            raise InputTypeError(f"'messages[{position}]' must be a BaseMessage (got {describe(message)}).")
-        text = _message_text(message, position)
-        if isinstance(message, SystemMessage):
-            core.append({"role": "system", "content": text})
-        elif isinstance(message, HumanMessage):
-            core.append({"role": "user", "content": text})
-        elif isinstance(message, AIMessage):
-            if message.tool_calls:
-                calls = [{"name": call["name"], "arguments": call["args"]} for call in message.tool_calls]
-                text = (text + "\n" if text else "") + json.dumps(calls[0] if len(calls) == 1 else calls)
-            core.append({"role": "assistant", "content": text})
-        elif isinstance(message, ToolMessage):
-            # The bundled chat templates know no tool role: the result goes back as a user turn.
-            status = " (error)" if message.status == "error" else ""
-            name = f" {message.name}" if message.name else ""
-            result = f"Result of tool{name} call {message.tool_call_id}{status}: {text}"
-            core.append({"role": "user", "content": result})
-        elif isinstance(message, ChatMessage) and message.role in ("system", "user", "assistant"):
-            core.append({"role": message.role, "content": text})
-        else:
-            raise InvalidInputError(
-                f"'messages[{position}]' must be a system, human, AI or tool message (got a {type(message).__name__})."
-            )
-    return core
-
-
-def _usage(usage: Usage | None) -> UsageMetadata | None:
-    if usage is None:
-        return None
-    return UsageMetadata(
-        input_tokens=usage.prompt_tokens, output_tokens=usage.completion_tokens, total_tokens=usage.total_tokens
-    )
-
-
-def _chat_result(result: GenerationResult, tool_mode: bool) -> ChatResult:
-    metadata = {"model_name": result.model, "finish_reason": result.finish_reason}
-    if tool_mode:
-        message = _tool_message(result.text, _usage(result.usage), metadata)
-    else:
-        message = AIMessage(content=result.text, usage_metadata=_usage(result.usage), response_metadata=metadata)
-    return ChatResult(generations=[ChatGeneration(message=message, generation_info=dict(metadata))])
-
-
-def _delta_chunk(delta: StreamDelta, model_name: str, tool_mode: bool, pieces: list[str]) -> ChatGenerationChunk | None:
-    last = delta.finish_reason is not None
-    if tool_mode:
-        # A tool call is only meaningful once its JSON is complete: hold the text until the end.
-        pieces.append(delta.text)
-        if not last:
-            return None
-        metadata = {"model_name": model_name, "finish_reason": delta.finish_reason}
-        parsed = _tool_message("".join(pieces), _usage(delta.usage), metadata)
-        chunks = [
-            {"name": call["name"], "args": json.dumps(call["args"]), "id": call["id"], "index": i}
-            for i, call in enumerate(parsed.tool_calls)
-        ]
-        message = AIMessageChunk(
-            content=parsed.content,
-            tool_call_chunks=chunks,
-            usage_metadata=parsed.usage_metadata,
-            response_metadata=metadata,
-            chunk_position="last",
-        )
-        if parsed.invalid_tool_calls:
-            message = AIMessageChunk(
-                content="".join(pieces), usage_metadata=parsed.usage_metadata, response_metadata=metadata,
-                chunk_position="last",
-            )
-        return ChatGenerationChunk(message=message, generation_info=dict(metadata))
-    if not last:
-        return ChatGenerationChunk(message=AIMessageChunk(content=delta.text))
-    metadata = {"model_name": model_name, "finish_reason": delta.finish_reason}
-    return ChatGenerationChunk(
-        message=AIMessageChunk(
-            content=delta.text, usage_metadata=_usage(delta.usage), response_metadata=metadata, chunk_position="last"
-        ),
-        generation_info=dict(metadata),
-    )
-
-
-# ---------------------------------------------------------------------- tool calling
-def _normalize_tool_choice(tool_choice: Any, names: list[str]) -> str:
-    if tool_choice is None or tool_choice == "auto":
-        return "auto"
-    if tool_choice is True or tool_choice in ("any", "required"):
-        return "any"
-    if tool_choice is False or tool_choice == "none":
-        return "none"
-    if isinstance(tool_choice, Mapping):
-        tool_choice = (tool_choice.get("function") or {}).get("name") or tool_choice.get("name")
-    if isinstance(tool_choice, str) and tool_choice in names:
-        return tool_choice
-    raise InvalidInputError(
-        f"'tool_choice' must be 'auto', 'any', 'required', 'none', True, or the name of a bound tool {names} "
-        f"(got {describe(tool_choice)})."
-    )
-
-
-def _call_schema(name: str, parameters: Mapping[str, Any]) -> dict[str, Any]:
-    return {
-        "type": "object",
-        "properties": {"name": {"type": "string", "enum": [name]}, "arguments": dict(parameters)},
-        "required": ["name", "arguments"],
-    }
-
-
-def _tool_prompt(
-    messages: list[dict[str, str]], tools: list[dict[str, Any]], choice: str
-) -> tuple[list[dict[str, str]], dict[str, Any]]:
-    functions = [tool["function"] for tool in tools]
-    if choice not in ("auto", "any"):
-        functions = [f for f in functions if f["name"] == choice]
-    options = [_call_schema(f["name"], f.get("parameters") or {"type": "object", "properties": {}}) for f in functions]
-    listing = "\n".join(
-        json.dumps({"name": f["name"], "description": f.get("description", ""), "parameters": f.get("parameters", {})})
-        for f in functions
-    )
-    instruction = (
-        "You can call these tools:\n" + listing + '\nReply with one JSON object {"name": <tool name>, "arguments": '
-        "{<argument>: <value>}} to call a tool."
-    )
-    if choice == "auto":
-        options.append(_call_schema(_ANSWER_TOOL, {"type": "object", "properties": {"content": {"type": "string"}},
-                                                   "required": ["content"]}))
-        instruction += (
-            f' To answer the user directly instead, reply {{"name": "{_ANSWER_TOOL}", "arguments": '
-            '{"content": <your answer>}}.'
-        )
-    schema = options[0] if len(options) == 1 else {"anyOf": options}
-    if messages and messages[0]["role"] == "system":
-        merged = {"role": "system", "content": messages[0]["content"] + "\n\n" + instruction}
-        return [merged, *messages[1:]], schema
-    return [{"role": "system", "content": instruction}, *messages], schema
-
-
-def _tool_message(text: str, usage: UsageMetadata | None, metadata: dict[str, Any]) -> AIMessage:
-    try:
-        payload = json.loads(text)
-        calls = payload if isinstance(payload, list) else [payload]
-        parsed = [(call["name"], call.get("arguments") or {}) for call in calls]
-        if not all(isinstance(name, str) and isinstance(args, dict) for name, args in parsed):
-            raise TypeError("a tool call needs a str name and a dict of arguments")
-    except (ValueError, TypeError, KeyError) as exc:
-        return AIMessage(
-            content=text,
-            invalid_tool_calls=[
-                {"name": None, "args": text, "id": None, "error": str(exc), "type": "invalid_tool_call"}
-            ],
-            usage_metadata=usage,
-            response_metadata=metadata,
-        )
-    answers = [str(args.get("content", "")) for name, args in parsed if name == _ANSWER_TOOL]
-    tool_calls = [
-        {"name": name, "args": args, "id": f"call_{uuid.uuid4().hex[:24]}", "type": "tool_call"}
-        for name, args in parsed
-        if name != _ANSWER_TOOL
-    ]
-    return AIMessage(
-        content="\n".join(answers), tool_calls=tool_calls, usage_metadata=usage, response_metadata=metadata
-    )
-
-
-def _json_schema(schema: dict[str, Any] | type) -> dict[str, Any]:
-    if isinstance(schema, Mapping) and "function" in schema and schema.get("type") == "function":
-        return dict(schema["function"].get("parameters") or {})
-    converted = convert_to_json_schema(schema)
-    if "parameters" in converted and "properties" not in converted:
-        return dict(converted["parameters"])  # an OpenAI function dict
-    return converted
