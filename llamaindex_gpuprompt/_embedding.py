@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from llama_index.core.base.embeddings.base import BaseEmbedding, Embedding
 from llama_index.core.bridge.pydantic import (
@@ -21,7 +21,8 @@ from llama_index.core.bridge.pydantic import (
 )
 from llama_index.core.schema import BaseNode
 
-from gpuprompt._validate import check_str, check_str_list, configuration_error, fail
+from gpuprompt._quant import QUANTIZE_CHOICES
+from gpuprompt._validate import check_choice, check_str, check_str_list, configuration_error, fail
 from gpuprompt.embedder import EmbedderConfig
 from gpuprompt.errors import ConfigurationError, InputTypeError, describe
 from gpuprompt.models import BUNDLED_EMBEDDING_MODEL
@@ -50,12 +51,14 @@ class GPUPromptEmbedding(BaseEmbedding):
         >>> len(embed.get_query_embedding("red summer dress"))
         384
         >>> vectors = await embed.aget_text_embedding_batch(["a", "b"])   # in an async function
+        >>> small = GPUPromptEmbedding(quantize="int8")  # int8 forward pass on CPU, checked vs fp32
 
     Args:
         model_name: a local sentence-transformers folder, a hub id available offline, or the
             default (the bundled all-MiniLM-L6-v2).
         embedder: an already built :class:`gpuprompt.Embedder` to use instead of the runtime's
-            shared one (then ``device``, ``normalize`` and ``embedder_options`` are ignored).
+            shared one (then ``device``, ``normalize``, ``quantize`` and ``embedder_options`` are
+            ignored).
         **kwargs: the fields below and those of ``BaseEmbedding``.
     """
 
@@ -67,18 +70,30 @@ class GPUPromptEmbedding(BaseEmbedding):
     )
     device: str = Field(default="auto", description="'auto' (cuda > mps > cpu), 'cpu', 'cuda', 'cuda:N' or 'mps'.")
     normalize: bool = Field(default=True, description="L2-normalise embeddings (inner product = cosine).")
+    quantize: Literal["int8", "auto"] | None = Field(
+        default=None,
+        description="None: full precision; 'int8': int8 forward pass on CPU (onnxruntime, the 'quant' extra), "
+        "checked against fp32 by the core's quality guard; 'auto': int8 where it runs and passes the guard.",
+    )
     query_instruction: str | None = Field(
         default=None, description="Text prepended to every query (for instruction-tuned models such as e5 or bge)."
     )
     text_instruction: str | None = Field(default=None, description="Text prepended to every document text.")
     embedder_options: dict[str, Any] = Field(
         default_factory=dict,
-        description="Other gpuprompt.EmbedderConfig fields: batch_size, max_wait_ms, cache_size, dtype, ...",
+        description="Other gpuprompt.EmbedderConfig fields: batch_size, max_wait_ms, cache_size, dtype, "
+        "quantize_guard, ...",
     )
     # The core batches across calls; a large framework chunk only lets it sort more texts by length.
     embed_batch_size: int = Field(default=512, gt=0, le=2048, description="Texts per framework chunk.")
 
     _embedder: Embedder | None = PrivateAttr(default=None)
+
+    @field_validator("quantize", mode="before")
+    @classmethod
+    def _check_quantize(cls, value: Any) -> str | None:
+        # The core's own check and message (also when an ``embedder`` is passed and no config is built).
+        return check_choice(value, "quantize", (None, *QUANTIZE_CHOICES), error=ConfigurationError)
 
     @field_validator("query_instruction", "text_instruction", mode="before")
     @classmethod
@@ -96,7 +111,7 @@ class GPUPromptEmbedding(BaseEmbedding):
         check_options(
             "embedder_options",
             kwargs.get("embedder_options"),
-            ("model", "device", "normalize"),
+            ("model", "device", "normalize", "quantize"),
             valid=_EMBEDDER_OPTIONS,
         )
         try:
@@ -114,12 +129,15 @@ class GPUPromptEmbedding(BaseEmbedding):
         return "GPUPromptEmbedding"
 
     def __repr__(self) -> str:
-        return f"GPUPromptEmbedding(model_name={self.model_name!r}, device={self.device!r})"
+        quantize = f", quantize={self.quantize!r}" if self.quantize else ""
+        return f"GPUPromptEmbedding(model_name={self.model_name!r}, device={self.device!r}{quantize})"
 
     # ------------------------------------------------------------------ the core object
     def _config(self) -> EmbedderConfig:
         model = None if self.model_name == BUNDLED_EMBEDDING_MODEL else self.model_name
-        return EmbedderConfig(model=model, device=self.device, normalize=self.normalize, **self.embedder_options)
+        return EmbedderConfig(
+            model=model, device=self.device, normalize=self.normalize, quantize=self.quantize, **self.embedder_options
+        )
 
     @property
     def embedder(self) -> Embedder:

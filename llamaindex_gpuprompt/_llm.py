@@ -1,7 +1,10 @@
-"""GPUPromptLLM: a LlamaIndex ``LLM`` over gpuprompt's batched ``LLMEngine`` (vLLM or transformers).
+"""GPUPromptLLM: a LlamaIndex ``FunctionCallingLLM`` over gpuprompt's batched ``LLMEngine`` (vLLM or
+transformers).
 
 Every call, sync or async, streaming or not, becomes one request in the engine, so concurrent
-``aquery``/``achat`` calls are generated together; async methods await the engine directly.
+``aquery``/``achat`` calls are generated together; async methods await the engine directly. Tool
+calling and structured output are the core's (one prompt format, one parser, guided decoding on
+both backends); this class translates LlamaIndex types (:mod:`llamaindex_gpuprompt._llm_tools`).
 """
 
 from __future__ import annotations
@@ -22,44 +25,57 @@ from llama_index.core.base.llms.types import (
     CompletionResponseGen,
     LLMMetadata,
     MessageRole,
-    TextBlock,
 )
 from llama_index.core.bridge.pydantic import ConfigDict, Field, PrivateAttr
-from llama_index.core.instrumentation import get_dispatcher
-from llama_index.core.instrumentation.events.llm import (
-    LLMStructuredPredictEndEvent,
-    LLMStructuredPredictStartEvent,
-)
 from llama_index.core.llms.callbacks import llm_chat_callback, llm_completion_callback
-from llama_index.core.llms.llm import LLM
+from llama_index.core.llms.function_calling import FunctionCallingLLM
+from llama_index.core.llms.llm import ToolSelection
 
 from gpuprompt.errors import ConfigurationError, InputTypeError, InvalidInputError, describe
 from gpuprompt.llm._policy import check_call_policy
 from llamaindex_gpuprompt._common import check_options
+from llamaindex_gpuprompt._llm_structured import StructuredOutputMixin
+from llamaindex_gpuprompt._llm_tools import (
+    ToolCallAccumulator,
+    assistant_message,
+    check_messages,
+    resolve_tool_choice,
+    to_core_messages,
+    to_tool_specs,
+    tool_selections,
+)
 
 if TYPE_CHECKING:
-    from llama_index.core.prompts import PromptTemplate
-    from pydantic import BaseModel
 
-    from gpuprompt.llm import GenerationRequest, GenerationResult, LLMEngine, Usage
+    from llama_index.core.tools.types import BaseTool
+
+    from gpuprompt.llm import GenerationRequest, GenerationResult, LLMEngine, StreamDelta, Usage
 
 __all__ = ["GPUPromptLLM"]
 
-dispatcher = get_dispatcher(__name__)
-
-# The engine's chat templates know three roles; LlamaIndex has aliases of them.
-_ROLE_MAP = {
-    MessageRole.SYSTEM: "system",
-    MessageRole.DEVELOPER: "system",
-    MessageRole.USER: "user",
-    MessageRole.ASSISTANT: "assistant",
-    MessageRole.CHATBOT: "assistant",
-    MessageRole.MODEL: "assistant",
-    MessageRole.TOOL: "user",
-    MessageRole.FUNCTION: "user",
-}
-
-_CALL_OPTIONS = ("max_tokens", "temperature", "top_p", "seed", "stop", "priority", "response_format", "truncate")
+# Per-call options, passed on to gpuprompt.GenerationRequest (which validates them).
+_CALL_OPTIONS = (
+    "max_tokens",
+    "temperature",
+    "top_p",
+    "seed",
+    "stop",
+    "priority",
+    "response_format",
+    "truncate",
+    "tools",
+    "tool_choice",
+    "parallel_tool_calls",
+    "strict",
+    "top_k",
+    "min_p",
+    "presence_penalty",
+    "frequency_penalty",
+    "repetition_penalty",
+    "logit_bias",
+    "guided_regex",
+    "guided_choice",
+)
 
 
 def _usage_dict(usage: Usage | None) -> dict[str, int]:
@@ -69,6 +85,7 @@ def _usage_dict(usage: Usage | None) -> dict[str, int]:
         "prompt_tokens": usage.prompt_tokens,
         "completion_tokens": usage.completion_tokens,
         "total_tokens": usage.total_tokens,
+        "cached_tokens": usage.cached_tokens,
     }
 
 
@@ -86,50 +103,54 @@ def _raw(result: GenerationResult) -> dict[str, Any]:
     }
 
 
-def _check_messages(messages: Any) -> None:
-    if isinstance(messages, (str, ChatMessage)) or not isinstance(messages, Sequence):
-        raise InputTypeError(f"'messages' must be a list of ChatMessage (got {describe(messages)}).")
-    for i, message in enumerate(messages):
-        if not isinstance(message, ChatMessage):
-            raise InputTypeError(f"'messages[{i}]' must be a ChatMessage (got {describe(message)}).")
-
-
 def _check_prompt(prompt: Any) -> None:
     if not isinstance(prompt, str):
         raise InputTypeError(f"'prompt' must be a str (got {describe(prompt)}).")
 
 
-def _validated(check: Callable[[Any], None]) -> Callable[[Callable], Callable]:
-    """Check the first argument before LlamaIndex's callback decorator sees it, so bad input
-    gets gpuprompt's typed error rather than a pydantic error from an instrumentation event."""
+def _validated(check: Callable[[Any], None], name: str) -> Callable[[Callable], Callable]:
+    """Check the first argument (``name``, positional or keyword) before LlamaIndex's callback
+    decorator sees it, so bad input gets gpuprompt's typed error rather than a pydantic error
+    from an instrumentation event."""
+
+    def first(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        return args[0] if args else kwargs.get(name)
 
     def wrap(f: Callable) -> Callable:
         if inspect.iscoroutinefunction(f):
 
             @functools.wraps(f)
-            async def async_wrapper(self: Any, first: Any, *args: Any, **kwargs: Any) -> Any:
-                check(first)
-                return await f(self, first, *args, **kwargs)
+            async def async_wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
+                check(first(args, kwargs))
+                return await f(self, *args, **kwargs)
 
             return async_wrapper
 
         @functools.wraps(f)
-        def wrapper(self: Any, first: Any, *args: Any, **kwargs: Any) -> Any:
-            check(first)
-            return f(self, first, *args, **kwargs)
+        def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
+            check(first(args, kwargs))
+            return f(self, *args, **kwargs)
 
         return wrapper
 
     return wrap
 
 
-class GPUPromptLLM(LLM):
-    """LlamaIndex LLM backed by gpuprompt's batched LLMEngine.
+class GPUPromptLLM(StructuredOutputMixin, FunctionCallingLLM):
+    """LlamaIndex function-calling LLM backed by gpuprompt's batched LLMEngine.
 
     Unlike the stock ``Vllm``/``HuggingFaceLLM`` classes, concurrent calls are generated in one
     batch (vLLM continuous batching, or padded transformers batches), async methods never block
-    the event loop, streaming works sync and async, a cancelled stream aborts its request, and
-    ``structured_predict`` uses JSON-schema guided decoding when the backend has it (vLLM).
+    the event loop, streaming works sync and async, a cancelled stream aborts its request,
+    ``chat_with_tools`` (sync, async, streaming) drives ``FunctionAgent`` / ``AgentWorkflow``, and
+    ``structured_predict`` uses JSON-schema guided decoding (both backends).
+
+    Tool calls come back where LlamaIndex's own OpenAI LLM puts them: one ``ToolCallBlock`` per
+    call in ``response.message.blocks`` and OpenAI-shaped dicts in
+    ``response.message.additional_kwargs["tool_calls"]``; :meth:`get_tool_calls_from_response`
+    reads either. A forced call (``tool_required=True`` or a named ``tool_choice``) is constrained
+    by guided decoding, so its shape is guaranteed even when the model is small; what to call and
+    with which values is still the model's judgement (a bigger model chooses better).
 
     Example:
         >>> from llama_index.core import Settings
@@ -141,6 +162,8 @@ class GPUPromptLLM(LLM):
         >>> async for chunk in await llm.astream_complete("Count to three:"):   # in an async function
         ...     print(chunk.delta, end="")
         >>> Settings.llm = llm                                 # use it in every query engine
+        >>> from llama_index.core.agent.workflow import FunctionAgent
+        >>> agent = FunctionAgent(tools=[...], llm=llm)         # a tool-calling agent
 
     Args:
         model: a local model folder, a ``.gguf`` file, a hub id available offline, or None for
@@ -174,6 +197,11 @@ class GPUPromptLLM(LLM):
     )
     max_retries: int = Field(
         default=2, ge=0, description="Retries after a transient engine failure (a full queue), not bad input."
+    )
+    tool_required: bool = Field(
+        default=False,
+        description="Make every chat_with_tools call call a tool unless the call names a tool_choice (for "
+        "agents over small models that answer in prose too early; end such a loop with a return_direct tool).",
     )
 
     _engine: LLMEngine | None = PrivateAttr(default=None)
@@ -221,7 +249,7 @@ class GPUPromptLLM(LLM):
             context_window=engine.context_window,
             num_output=self.max_tokens,
             is_chat_model=True,
-            is_function_calling_model=False,
+            is_function_calling_model=bool(engine.supports_tools),
             model_name=engine.model_name,
         )
 
@@ -244,26 +272,18 @@ class GPUPromptLLM(LLM):
             "truncate": self.truncate,
         }
         options.update(kwargs)
+        strict = options.pop("strict", None)
+        if options.get("tools") is not None:
+            options["tools"] = tuple(to_tool_specs(options["tools"], strict))
+        else:
+            options.pop("tools", None)
+        if options.get("tool_choice") is None:
+            options.pop("tool_choice", None)
         if isinstance(options.get("stop"), list):
             options["stop"] = tuple(options["stop"])
         if messages is not None:
-            return GenerationRequest(messages=self._messages(messages), **options)
+            return GenerationRequest(messages=to_core_messages(messages), **options)
         return GenerationRequest(prompt=prompt, **options)
-
-    @staticmethod
-    def _messages(messages: Sequence[ChatMessage]) -> list[dict[str, str]]:
-        _check_messages(messages)
-        converted = []
-        for i, message in enumerate(messages):
-            if any(not isinstance(block, TextBlock) for block in message.blocks):
-                kinds = sorted({type(block).__name__ for block in message.blocks if not isinstance(block, TextBlock)})
-                raise InvalidInputError(
-                    f"'messages[{i}]' must hold text only (got {kinds}); this model reads text, so pass the "
-                    "other content as text or drop it."
-                )
-            role = _ROLE_MAP.get(MessageRole(message.role), "user")
-            converted.append({"role": role, "content": "".join(block.text for block in message.blocks)})
-        return converted
 
     def _complete_request(self, prompt: Any, formatted: bool, kwargs: dict[str, Any]) -> GenerationRequest:
         _check_prompt(prompt)
@@ -278,8 +298,9 @@ class GPUPromptLLM(LLM):
     @staticmethod
     def _chat_response(result: GenerationResult) -> ChatResponse:
         raw = _raw(result)
+        calls = [(call.id, call.name, call.arguments) for call in result.tool_calls]
         return ChatResponse(
-            message=ChatMessage(role=MessageRole.ASSISTANT, content=result.text),
+            message=assistant_message(result.text, calls),
             raw=raw,
             additional_kwargs=dict(raw["usage"]),
         )
@@ -290,15 +311,17 @@ class GPUPromptLLM(LLM):
         return CompletionResponse(text=result.text, raw=raw, additional_kwargs=dict(raw["usage"]))
 
     # ------------------------------------------------------------------ chat
-    @_validated(_check_messages)
+    @_validated(check_messages, "messages")
     @llm_chat_callback()
     def chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponse:
         """Generate the assistant's reply to ``messages`` (blocks this thread; needs no event loop).
 
         Args:
-            messages: the conversation.
+            messages: the conversation (assistant tool calls and ``role="tool"`` results included).
             **kwargs: per-call overrides: max_tokens, temperature, top_p, seed, stop, priority,
-                response_format (a JSON schema; needs the vLLM backend), truncate.
+                response_format (a JSON schema), truncate, tools (LlamaIndex tools, OpenAI tool
+                dicts or gpuprompt.ToolSpec), tool_choice, parallel_tool_calls, strict, and the
+                sampling fields of gpuprompt.GenerationRequest (top_k, min_p, ...).
 
         Raises:
             InvalidInputError: an unknown option, non-text content, or a bad option value.
@@ -308,7 +331,7 @@ class GPUPromptLLM(LLM):
         [result] = self.engine.generate([request], timeout=self.timeout, max_retries=self.max_retries)
         return self._chat_response(result)
 
-    @_validated(_check_messages)
+    @_validated(check_messages, "messages")
     @llm_chat_callback()
     async def achat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponse:
         """Async :meth:`chat`: awaits the engine; concurrent calls are generated in one batch."""
@@ -316,23 +339,24 @@ class GPUPromptLLM(LLM):
         result = await self.engine.agenerate(request, timeout=self.timeout, max_retries=self.max_retries)
         return self._chat_response(result)
 
-    @_validated(_check_messages)
+    @_validated(check_messages, "messages")
     @llm_chat_callback()
     def stream_chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponseGen:
-        """Stream the reply; each response holds the text so far and the new ``delta``."""
+        """Stream the reply; each response holds the text (and tool calls) so far and the new ``delta``."""
         request = self._request(messages=messages, **kwargs)
         stream = self.engine.stream(request, timeout=self.timeout)
 
         def gen() -> ChatResponseGen:
-            text = ""
+            text, calls = "", ToolCallAccumulator()
             with contextlib.closing(stream):
                 for delta in stream:
                     text += delta.text
-                    yield _chat_chunk(text, delta)
+                    calls.add(delta)
+                    yield _chat_chunk(text, delta, calls)
 
         return gen()
 
-    @_validated(_check_messages)
+    @_validated(check_messages, "messages")
     @llm_chat_callback()
     async def astream_chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponseAsyncGen:
         """Async :meth:`stream_chat`; closing the generator early aborts the request in the engine."""
@@ -340,16 +364,17 @@ class GPUPromptLLM(LLM):
         engine, timeout = self.engine, self.timeout
 
         async def gen() -> ChatResponseAsyncGen:
-            text = ""
+            text, calls = "", ToolCallAccumulator()
             async with contextlib.aclosing(engine.astream(request, timeout=timeout)) as stream:
                 async for delta in stream:
                     text += delta.text
-                    yield _chat_chunk(text, delta)
+                    calls.add(delta)
+                    yield _chat_chunk(text, delta, calls)
 
         return gen()
 
     # ------------------------------------------------------------------ completion
-    @_validated(_check_prompt)
+    @_validated(_check_prompt, "prompt")
     @llm_completion_callback()
     def complete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponse:
         """Complete ``prompt``: as a user message through the chat template, or raw when ``formatted``."""
@@ -357,7 +382,7 @@ class GPUPromptLLM(LLM):
         [result] = self.engine.generate([request], timeout=self.timeout, max_retries=self.max_retries)
         return self._completion_response(result)
 
-    @_validated(_check_prompt)
+    @_validated(_check_prompt, "prompt")
     @llm_completion_callback()
     async def acomplete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponse:
         """Async :meth:`complete`: awaits the engine; concurrent calls are generated in one batch."""
@@ -365,7 +390,7 @@ class GPUPromptLLM(LLM):
         result = await self.engine.agenerate(request, timeout=self.timeout, max_retries=self.max_retries)
         return self._completion_response(result)
 
-    @_validated(_check_prompt)
+    @_validated(_check_prompt, "prompt")
     @llm_completion_callback()
     def stream_complete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponseGen:
         """Stream a completion; each response holds the text so far and the new ``delta``."""
@@ -383,7 +408,7 @@ class GPUPromptLLM(LLM):
 
         return gen()
 
-    @_validated(_check_prompt)
+    @_validated(_check_prompt, "prompt")
     @llm_completion_callback()
     async def astream_complete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponseAsyncGen:
         """Async :meth:`stream_complete`; closing the generator early aborts the request."""
@@ -401,74 +426,85 @@ class GPUPromptLLM(LLM):
 
         return gen()
 
-    # ------------------------------------------------------------------ structured output
-    def _guided(self) -> bool:
-        return bool(self.engine.supports_structured_output)
-
-    def _structured_messages(self, prompt: PromptTemplate, prompt_args: dict[str, Any]) -> list[ChatMessage]:
-        return self._extend_messages(prompt.format_messages(llm=self, **prompt_args))
-
-    @staticmethod
-    def _parse(output_cls: type[BaseModel], text: str) -> BaseModel:
-        from pydantic import ValidationError
-
-        try:
-            return output_cls.model_validate_json(text)
-        except ValidationError as exc:
-            raise InvalidInputError(
-                f"the model's guided JSON does not validate as {output_cls.__name__} ({exc.error_count()} error(s); "
-                f"got {text[:200]!r}); raise max_tokens (the output may be cut off) or simplify the schema."
-            ) from exc
-
-    @dispatcher.span
-    def structured_predict(
+    # ------------------------------------------------------------------ tool calling
+    def _prepare_chat_with_tools(
         self,
-        output_cls: type[BaseModel],
-        prompt: PromptTemplate,
-        llm_kwargs: dict[str, Any] | None = None,
-        **prompt_args: Any,
-    ) -> BaseModel:
-        """Predict an ``output_cls`` instance; the engine's JSON-schema decoding guarantees valid
-        JSON when the backend supports it (vLLM), else LlamaIndex's prompt-and-parse program runs.
+        tools: Sequence[BaseTool],
+        user_msg: str | ChatMessage | None = None,
+        chat_history: list[ChatMessage] | None = None,
+        verbose: bool = False,
+        allow_parallel_tool_calls: bool = False,
+        tool_required: bool = False,
+        tool_choice: str | dict[str, Any] | None = None,
+        strict: bool | None = None,
+        **kwargs: Any,
+    ) -> dict[str, Any]:
+        """The ``chat``/``achat``/``stream_chat`` arguments of one ``*_chat_with_tools`` call.
+
+        Args:
+            tools: LlamaIndex tools (``BaseTool``; OpenAI tool dicts and gpuprompt.ToolSpec work too).
+            user_msg: a last user message to append to ``chat_history``.
+            chat_history: the conversation so far (not modified).
+            verbose: unused (LlamaIndex's signature).
+            allow_parallel_tool_calls: let the model make several calls in one reply.
+            tool_required: the reply must call a tool (``tool_choice="required"``).
+            tool_choice: ``"auto"``, ``"required"``, ``"none"``, a tool's name or OpenAI's
+                ``{"type": "function", "function": {"name": ...}}``; wins over ``tool_required``.
+            strict: OpenAI's flag, carried on each tool spec (the core decodes every call under its
+                tool's schema either way).
+            **kwargs: per-call options of :meth:`chat`.
 
         Raises:
-            InvalidInputError: the output does not validate (for example cut off by max_tokens).
+            InputTypeError: ``tools`` is not a list of tools, or a message is not a ChatMessage.
         """
-        if not self._guided():
-            return super().structured_predict(output_cls, prompt, llm_kwargs, **prompt_args)
-        dispatcher.event(LLMStructuredPredictStartEvent(output_cls=output_cls, template=prompt, template_args=prompt_args))
-        messages = self._structured_messages(prompt, prompt_args)
-        response = self.chat(messages, response_format=output_cls.model_json_schema(), **(llm_kwargs or {}))
-        result = self._parse(output_cls, response.message.content or "")
-        dispatcher.event(LLMStructuredPredictEndEvent(output=result))
-        return result
+        specs = to_tool_specs(tools, strict)
+        if chat_history is not None:
+            check_messages(chat_history)
+        messages = list(chat_history or [])
+        if isinstance(user_msg, str):
+            user_msg = ChatMessage(role=MessageRole.USER, content=user_msg)
+        if user_msg is not None:
+            messages.append(user_msg)
+        prepared: dict[str, Any] = {"messages": messages, **kwargs}
+        if specs:
+            prepared["tools"] = specs
+            prepared["tool_choice"] = resolve_tool_choice(tool_choice, tool_required or self.tool_required)
+            prepared["parallel_tool_calls"] = bool(allow_parallel_tool_calls)
+        return prepared
 
-    @dispatcher.span
-    async def astructured_predict(
-        self,
-        output_cls: type[BaseModel],
-        prompt: PromptTemplate,
-        llm_kwargs: dict[str, Any] | None = None,
-        **prompt_args: Any,
-    ) -> BaseModel:
-        """Async :meth:`structured_predict`."""
-        await self.engine.aload()  # starting the engine loads a model: never on the event loop
-        if not self._guided():
-            return await super().astructured_predict(output_cls, prompt, llm_kwargs, **prompt_args)
-        dispatcher.event(LLMStructuredPredictStartEvent(output_cls=output_cls, template=prompt, template_args=prompt_args))
-        messages = self._structured_messages(prompt, prompt_args)
-        response = await self.achat(messages, response_format=output_cls.model_json_schema(), **(llm_kwargs or {}))
-        result = self._parse(output_cls, response.message.content or "")
-        dispatcher.event(LLMStructuredPredictEndEvent(output=result))
-        return result
+    def get_tool_calls_from_response(
+        self, response: ChatResponse, error_on_no_tool_call: bool = True, **kwargs: Any
+    ) -> list[ToolSelection]:
+        """The tool calls of a (possibly streamed) chat response, as ``ToolSelection``s.
+
+        Args:
+            response: a response of :meth:`chat_with_tools` and friends (or any assistant message
+                holding ``ToolCallBlock``s or OpenAI ``tool_calls``).
+            error_on_no_tool_call: raise when the response calls no tool (else return ``[]``).
+
+        Raises:
+            InvalidInputError: no tool call and ``error_on_no_tool_call`` (a ``ValueError``, as
+                LlamaIndex expects).
+        """
+        if not isinstance(response, ChatResponse):
+            raise InputTypeError(f"'response' must be a ChatResponse (got {describe(response)}).")
+        selections = tool_selections(response.message)
+        if not selections and error_on_no_tool_call:
+            text = (response.message.content or "")[:200]
+            raise InvalidInputError(
+                f"expected at least one tool call, but the model answered in prose ({text!r}); pass "
+                "tool_required=True (or tool_choice='required' / a tool's name) to force a call."
+            )
+        return selections
 
 
-def _chat_chunk(text: str, delta: Any) -> ChatResponse:
-    """One streamed ChatResponse: the text so far, this delta, and usage on the last one."""
+def _chat_chunk(text: str, delta: StreamDelta, calls: ToolCallAccumulator) -> ChatResponse:
+    """One streamed ChatResponse: the text and tool calls so far, this text delta, and usage on
+    the last one."""
     extra = _usage_dict(delta.usage)
     raw = {"finish_reason": delta.finish_reason, "usage": extra} if delta.finish_reason else None
     return ChatResponse(
-        message=ChatMessage(role=MessageRole.ASSISTANT, content=text),
+        message=assistant_message(text, calls.calls),
         delta=delta.text,
         raw=raw,
         additional_kwargs=extra,

@@ -81,3 +81,33 @@ def test_embeds_nodes_as_a_transformation(li_embed) -> None:
 
     nodes = li_embed([TextNode(text=t) for t in TEXTS])
     np.testing.assert_allclose(nodes[0].embedding, li_embed.get_text_embedding(TEXTS[0]), atol=1e-5)
+
+
+def test_quantize_int8_vectors_are_close_to_fp32(li_embed) -> None:
+    pytest.importorskip("onnxruntime", reason="the int8 embedder needs the quant extra: pip install 'gpuprompt[quant]'")
+    int8 = GPUPromptEmbedding(device="cpu", quantize="int8")
+    assert int8.embedder.config.quantize == "int8" and int8.embedder is not li_embed.embedder
+    assert int8.embedder.quantization == "int8"
+    quantized = np.asarray(int8.get_text_embedding_batch(TEXTS))
+    reference = np.asarray(li_embed.get_text_embedding_batch(TEXTS))
+    assert quantized.shape == reference.shape == (3, 384)
+    # Both are L2-normalised: the row-wise dot product is the cosine.
+    cosines = (quantized * reference).sum(axis=1)
+    assert cosines.min() > 0.98
+    assert not np.allclose(quantized, reference, atol=1e-6)  # it really is another forward pass
+    query = np.asarray(int8.get_query_embedding(TEXTS[1]))
+    assert float(query @ reference[1]) > 0.98
+    assert "quantize='int8'" in repr(int8)
+
+
+@pytest.mark.parametrize("bad", ["int4", "INT8", True, 8])
+def test_quantize_bad_value_is_a_typed_error(bad: object) -> None:
+    with pytest.raises(ConfigurationError, match="'quantize' must be one of None, 'int8', 'auto'"):
+        GPUPromptEmbedding(quantize=bad)  # type: ignore[arg-type]
+
+
+def test_quantize_conflicts_are_typed_errors() -> None:
+    with pytest.raises(ConfigurationError, match=r"must not repeat \['quantize'\]"):
+        GPUPromptEmbedding(embedder_options={"quantize": "int8"})
+    with pytest.raises(ConfigurationError, match="quantize='int8' runs on CPU only"):
+        GPUPromptEmbedding(device="cuda", quantize="int8")

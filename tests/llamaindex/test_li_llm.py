@@ -1,5 +1,8 @@
 """GPUPromptLLM: metadata, chat/complete/stream in sync and async, instrumentation, errors,
-cancellation, and structured_predict through the engine's JSON-schema decoding (vLLM)."""
+cancellation, and structured output (structured_predict, streaming, as_structured_llm, the
+function-calling program) through the engine's guided decoding on both backends.
+
+Tool calling and agents: test_li_agent.py."""
 
 from __future__ import annotations
 
@@ -10,6 +13,7 @@ from llama_index.core.base.llms.types import ChatMessage, ImageBlock, MessageRol
 from llama_index.core.instrumentation import get_dispatcher
 from llama_index.core.instrumentation.event_handlers import BaseEventHandler
 from llama_index.core.prompts import PromptTemplate
+from llama_index.core.types import PydanticProgramMode
 from pydantic import BaseModel
 
 from gpuprompt.errors import ConfigurationError, ContextLengthError, InputTypeError, InvalidInputError
@@ -21,6 +25,7 @@ USER = [ChatMessage(role=MessageRole.USER, content="Name one colour of the rainb
 def test_metadata_comes_from_the_engine(li_llm) -> None:
     meta = li_llm.metadata
     assert meta.is_chat_model is True
+    assert meta.is_function_calling_model is True
     assert meta.context_window == li_llm.engine.context_window == 2048
     assert meta.num_output == 12
     assert meta.model_name == "HuggingFaceTB/SmolLM2-135M-Instruct"
@@ -152,21 +157,79 @@ class Product(BaseModel):
     price: int
 
 
-@pytest.mark.vllm
-def test_structured_predict_uses_guided_json(li_vllm) -> None:
-    prompt = PromptTemplate("Extract the product as JSON: {text}")
-    product = li_vllm.structured_predict(Product, prompt, text="The Aurora dress costs 49 euros.")
+EXTRACT = PromptTemplate("Extract the product as JSON: {text}")
+
+
+@pytest.fixture(params=["transformers", pytest.param("vllm", marks=pytest.mark.vllm)])
+def any_llm(request: pytest.FixtureRequest) -> GPUPromptLLM:
+    """A GPUPromptLLM with room for a small JSON object, on the session's engine of each backend."""
+    base = request.getfixturevalue("li_llm" if request.param == "transformers" else "li_vllm")
+    return GPUPromptLLM(engine=base.engine, max_tokens=48)
+
+
+def test_structured_predict_uses_guided_json(any_llm) -> None:
+    seen: list[dict] = []
+
+    class Recorder(BaseEventHandler):
+        def handle(self, event, **kwargs) -> None:
+            if event.class_name() == "LLMChatStartEvent":
+                seen.append(event.additional_kwargs)
+
+    dispatcher = get_dispatcher()
+    recorder = Recorder()
+    dispatcher.add_event_handler(recorder)
+    try:
+        product = any_llm.structured_predict(Product, EXTRACT, text="The Aurora dress costs 49 euros.")
+    finally:
+        dispatcher.event_handlers.remove(recorder)
     assert isinstance(product, Product)
     assert isinstance(product.price, int)
+    # One chat call, constrained by the JSON schema (not LlamaIndex's prompt-and-parse program).
+    assert [kwargs.get("response_format") for kwargs in seen] == [Product.model_json_schema()]
 
 
-@pytest.mark.vllm
-async def test_astructured_predict_uses_guided_json(li_vllm) -> None:
-    prompt = PromptTemplate("Extract the product as JSON: {text}")
+async def test_astructured_predict_uses_guided_json(any_llm) -> None:
     products = await asyncio.gather(
-        *(li_vllm.astructured_predict(Product, prompt, text=f"Boots model {i} cost {100 + i} euros.") for i in range(3))
+        *(any_llm.astructured_predict(Product, EXTRACT, text=f"Boots model {i} cost {100 + i} euros.") for i in range(3))
     )
     assert all(isinstance(p, Product) for p in products)
+
+
+async def test_stream_structured_predict_yields_partials_then_the_object(any_llm) -> None:
+    partials = list(any_llm.stream_structured_predict(Product, EXTRACT, text="The Aurora dress costs 49 euros."))
+    assert len(partials) > 1
+    assert isinstance(partials[-1], Product)
+    assert partials[-1] == any_llm.structured_predict(Product, EXTRACT, text="The Aurora dress costs 49 euros.")
+    stream = await any_llm.astream_structured_predict(Product, EXTRACT, text="The Aurora dress costs 49 euros.")
+    apartials = [p async for p in stream]
+    assert apartials[-1] == partials[-1]
+
+
+def test_as_structured_llm_answers_with_the_object_as_json(any_llm) -> None:
+    structured = any_llm.as_structured_llm(Product)
+    response = structured.chat([ChatMessage(role="user", content="The Aurora dress costs 49 euros. As JSON.")])
+    assert isinstance(response.raw, Product)
+    assert Product.model_validate_json(response.message.content) == response.raw
+    streamed = list(structured.stream_chat([ChatMessage(role="user", content="The Aurora dress costs 49 euros.")]))
+    assert isinstance(streamed[-1].raw, Product)
+
+
+async def test_function_program_mode_uses_a_forced_tool_call(any_llm) -> None:
+    """pydantic_program_mode=FUNCTION: LlamaIndex's FunctionCallingProgram forces a call of a tool
+    whose schema is the class; the core's guided decoding makes the arguments schema-valid."""
+    llm = GPUPromptLLM(engine=any_llm.engine, max_tokens=48, pydantic_program_mode=PydanticProgramMode.FUNCTION)
+    product = llm.structured_predict(Product, EXTRACT, text="The Aurora dress costs 49 euros.")
+    assert isinstance(product, Product)
+    products = await asyncio.gather(
+        *(llm.astructured_predict(Product, EXTRACT, text=f"Boots model {i} cost {100 + i} euros.") for i in range(2))
+    )
+    assert all(isinstance(p, Product) for p in products)
+
+
+def test_structured_predict_cut_off_is_a_typed_error(li_llm) -> None:
+    short = GPUPromptLLM(engine=li_llm.engine, max_tokens=3)
+    with pytest.raises(InvalidInputError, match="does not validate as Product"):
+        short.structured_predict(Product, EXTRACT, text="The Aurora dress costs 49 euros.")
 
 
 @pytest.mark.vllm
