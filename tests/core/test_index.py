@@ -85,7 +85,10 @@ def test_exports_and_lazy_imports() -> None:
     assert {"VectorIndex", "Hit", "Record"} <= set(gpuprompt.__all__)
     from gpuprompt import index as index_pkg
 
-    assert index_pkg.__all__ == ["ANN_THRESHOLD", "Hit", "IndexConfig", "IndexStats", "Record", "VectorIndex"]
+    assert index_pkg.__all__ == [
+        "ANN_THRESHOLD", "Hit", "IndexConfig", "IndexLike", "IndexStats", "MilvusIndex", "Record", "VectorIndex",
+        "check_index", "load_index",
+    ]
     code = (
         "import sys, gpuprompt\n"
         "from gpuprompt import VectorIndex\n"

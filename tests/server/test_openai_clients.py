@@ -40,13 +40,6 @@ def _bundled_tiktoken_cache() -> str:
     return str(folder)
 
 
-@pytest.fixture
-def tiktoken_vocab(monkeypatch) -> str:
-    folder = _bundled_tiktoken_cache()
-    monkeypatch.setenv("TIKTOKEN_CACHE_DIR", folder)
-    return folder
-
-
 def _get_price_tool():
     from langchain_core.tools import tool
 
@@ -122,27 +115,64 @@ def test_a_small_tool_loop_runs_to_an_answer(chat_openai) -> None:
 
 
 # ---------------------------------------------------------------------- langchain-openai: embeddings
-def test_openai_embeddings_defaults_send_tiktoken_ids_that_are_read_back(live, embedder, tiktoken_vocab) -> None:
+def test_openai_embeddings_defaults_get_the_documented_400(live, monkeypatch) -> None:
     from langchain_openai import OpenAIEmbeddings
+
+    monkeypatch.setenv("TIKTOKEN_CACHE_DIR", _bundled_tiktoken_cache())  # the client tokenizes with tiktoken
 
     embeddings = OpenAIEmbeddings(model=EMBED, base_url=f"{live.url}/v1", api_key="unused", max_retries=0)
     assert embeddings.check_embedding_ctx_length and embeddings.tiktoken_enabled  # the defaults: token ids
+    with pytest.raises(openai.BadRequestError) as info:
+        embeddings.embed_documents(TEXTS)
+    assert info.value.param.startswith("input")
+    assert "check_embedding_ctx_length=False" in info.value.message and "TikToken Enable" in info.value.message
+    assert "--accept-token-ids" in info.value.message
+
+
+@pytest.fixture(scope="module")
+def accepting(embedder, server_llm):
+    """A server started with --accept-token-ids (the vocabulary: llama-index-core's copy, offline)."""
+    from server_helpers import start_server
+
+    before = os.environ.get("TIKTOKEN_CACHE_DIR")
+    os.environ["TIKTOKEN_CACHE_DIR"] = _bundled_tiktoken_cache()
+    server = start_server(embedder=embedder, llm=server_llm, accept_token_ids=True)
+    try:
+        yield server
+    finally:
+        server.stop()
+        if before is None:
+            os.environ.pop("TIKTOKEN_CACHE_DIR", None)
+        else:
+            os.environ["TIKTOKEN_CACHE_DIR"] = before
+
+
+def test_with_accept_token_ids_the_defaults_are_read_back(accepting, embedder) -> None:
+    from langchain_openai import OpenAIEmbeddings
+
+    embeddings = OpenAIEmbeddings(model=EMBED, base_url=f"{accepting.url}/v1", api_key="unused", max_retries=0)
     got = np.array(embeddings.embed_documents(TEXTS), dtype=np.float32)
     np.testing.assert_allclose(got, embedder.embed(TEXTS), atol=1e-5)
     np.testing.assert_allclose(embeddings.embed_query(TEXTS[0]), embedder.embed(TEXTS[:1])[0], atol=1e-5)
 
 
-def test_openai_embeddings_ids_that_are_not_a_text_get_the_documented_400(live, tiktoken_vocab) -> None:
+def test_with_accept_token_ids_ids_that_are_not_a_text_get_the_documented_400(accepting) -> None:
     from langchain_openai import OpenAIEmbeddings
 
     # One token per chunk cuts the parrot's four UTF-8 bytes apart: no chunk is a text by itself.
-    embeddings = OpenAIEmbeddings(model=EMBED, base_url=f"{live.url}/v1", api_key="unused", max_retries=0,
+    embeddings = OpenAIEmbeddings(model=EMBED, base_url=f"{accepting.url}/v1", api_key="unused", max_retries=0,
                                   embedding_ctx_length=1)
     with pytest.raises(openai.BadRequestError) as info:
         embeddings.embed_documents(["🦜"])
     assert info.value.param.startswith("input")
     assert "check_embedding_ctx_length=False" in info.value.message
     assert "TikToken Enable" in info.value.message
+
+
+def test_token_id_inputs_are_capped_before_any_decoding(accepting) -> None:
+    with accepting.client() as http:
+        error = http.post("/v1/embeddings", json={"input": [[15339] * 8192]}).json()["error"]
+    assert error["param"] == "input" and "8191" in error["message"]
 
 
 def test_openai_embeddings_without_ctx_check_send_text(live, embedder) -> None:
@@ -162,7 +192,7 @@ def test_without_the_vocabulary_token_ids_get_the_documented_400(tmp_path) -> No
         "from gpuprompt.server._token_ids import decode_token_ids\n"
         "from gpuprompt.server._errors import ApiError\n"
         "try:\n"
-        "    decode_token_ids([[15339, 1917]])\n"
+        "    decode_token_ids([[15339, 1917]], accept=True)\n"
         "except ApiError as exc:\n"
         "    print(exc.status, exc.param, exc.message)\n"
     )

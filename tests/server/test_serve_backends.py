@@ -50,6 +50,7 @@ def test_llm_url_makes_the_engine_remote_and_keeps_the_servers_own_key_private(m
     monkeypatch.setenv("GPUPROMPT_LLM_API_KEY", "fleet-key")
     assert ServerConfig(llm_url="http://fleet:8000").llm_options()["api_key"] == "fleet-key"
     assert ServerConfig().llm_options() == {"backend": "auto", "device": "auto"}
+    assert ServerConfig(llm_url="http://fleet:8000", max_model_len=32768).llm_options()["max_model_len"] == 32768
 
 
 @pytest.mark.parametrize("name", ["kb", "kb-1.2_x", "9lives", "a_u", "x" * 64])
@@ -179,3 +180,25 @@ def test_a_front_server_answers_through_the_fleet_like_the_fleet_itself(embedder
             assert streamed.status_code == 200 and "data: [DONE]" in streamed.text
     finally:
         front.stop()
+
+
+def test_replicas_sharing_milvus_see_each_others_collections(embedder, server_llm, milvus_uri) -> None:
+    config = ServerConfig(vector_uri=milvus_uri, preload=False)
+    a = start_server(config=config, embedder=embedder, llm=server_llm)
+    b = start_server(config=config, embedder=embedder, llm=server_llm)
+    try:
+        with a.client() as at_a, b.client() as at_b:
+            added = at_a.post("/v1/collections/shared/documents", json={"documents": DOCS, "ids": ["a", "b", "c"]})
+            assert added.status_code == 200, added.text
+            # B started before the collection existed: it finds it in Milvus on first use.
+            hits = at_b.post("/v1/collections/shared/query", json={"query": "delivery to Norway", "k": 1})
+            assert hits.status_code == 200, hits.text
+            assert [h["id"] for h in hits.json()["hits"]] == ["b"]
+            assert {c["name"] for c in at_b.get("/v1/collections").json()["data"]} == {"shared"}
+            assert at_a.delete("/v1/collections/shared").status_code == 200
+            # B's handle now points at a dropped collection: listing and metrics still answer.
+            assert at_b.get("/v1/collections").status_code == 200
+            assert at_b.get("/metrics").status_code == 200
+    finally:
+        a.stop()
+        b.stop()

@@ -31,7 +31,7 @@ def test_import_loads_no_model_library() -> None:
     [
         ({"max_body_bytes": 0}, "'max_body_bytes' must be an int >= 1 (got 0 that is a int)"),
         ({"max_in_flight": "8"}, "'max_in_flight' must be an int >= 1"),
-        ({"llm_backend": "llama.cpp"}, "'llm_backend' must be 'auto', 'vllm' or 'transformers'"),
+        ({"llm_backend": "llama.cpp"}, "'llm_backend' must be 'auto', 'vllm', 'transformers' or 'remote'"),
         ({"api_key": ""}, "'api_key' must be None or a non-empty str"),
         ({"strict_model_names": "yes"}, "'strict_model_names' must be a bool"),
     ],

@@ -11,6 +11,7 @@ import asyncio
 import base64
 import contextlib
 import dataclasses
+import functools
 import json
 import logging
 import time
@@ -85,6 +86,8 @@ class _Server:
             max_collections=config.max_collections,
             max_records=config.max_collection_records,
             vector_uri=config.vector_uri,
+            data_dir=config.data_dir,
+            checkpoint_every=config.checkpoint_every,
         )
         self.metrics = Metrics(
             embedder=lambda: self.embedder,
@@ -159,21 +162,35 @@ def create_app(
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        store = server.memory.session_store
-        if hasattr(store, "ping"):  # a session store on a server: unreachable fails the start, not turn 1
-            await asyncio.to_thread(store.ping)
-        if config.vector_uri is not None:
-            found = await asyncio.to_thread(server.collections.restore)
-            logger.info("collections in %s: %s", config.vector_uri, found or "none yet")
-        if config.preload:
-            await server.embedder.aload()
-            await server.llm.aload()
-            server.loaded = True
-        logger.info(
-            "serving chat model %s and embedding model %s", server.llm.model_name, server.embedder.model_id
-        )
-        yield
-        server.collections.close()
+        collections = server.collections
+        try:
+            # First: a data dir another server holds fails the start before any model loads.
+            await asyncio.to_thread(collections.open_data_dir)
+            store = server.memory.session_store
+            if hasattr(store, "ping"):  # a session store on a server: unreachable fails the start, not turn 1
+                await asyncio.to_thread(store.ping)
+            if config.accept_token_ids:  # load the vocabulary now: never a download inside a request
+                from gpuprompt.server._token_ids import load_encoding
+
+                await asyncio.wait_for(asyncio.to_thread(load_encoding), timeout=120)
+            if config.vector_uri is not None:
+                found = await asyncio.to_thread(collections.restore)
+                logger.info("collections in %s: %s", config.vector_uri, found or "none yet")
+            if config.preload:
+                await server.embedder.aload()
+                await server.llm.aload()
+                server.loaded = True
+            if config.data_dir is not None:
+                # Snapshots loaded, logs replayed and checkpointed before the port opens.
+                found = await asyncio.to_thread(collections.restore)
+                logger.info("collections in %s: %s", config.data_dir, found or "none yet")
+            logger.info(
+                "serving chat model %s and embedding model %s", server.llm.model_name, server.embedder.model_id
+            )
+            yield
+        finally:
+            # Under a data dir: a last checkpoint of every collection, then its lock is released.
+            await asyncio.to_thread(collections.close)
 
     app = FastAPI(
         title="gpuprompt",
@@ -230,7 +247,7 @@ def _routes(app: FastAPI, server: _Server) -> None:
     @app.get("/metrics", tags=["service"], response_class=Response)
     async def prometheus() -> Response:
         """Prometheus text format: queue depths, batch sizes, latency histograms, cache hit rates."""
-        return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
+        return Response(await asyncio.to_thread(metrics.render), media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/v1/models", response_model=s.ModelList, tags=["openai"])
     async def models() -> Response:
@@ -261,7 +278,9 @@ def _routes(app: FastAPI, server: _Server) -> None:
         if any(not isinstance(t, str) for t in texts):
             # Token ids of tiktoken (langchain-openai's default): read back to text only when exact.
             ids = [texts] if all(isinstance(t, int) for t in texts) else texts
-            texts = await asyncio.to_thread(decode_token_ids, ids)
+            texts = await asyncio.to_thread(
+                functools.partial(decode_token_ids, ids, accept=server.config.accept_token_ids)
+            )
         if body.dimensions is not None:
             dim = (await server.embedder.aload()).dim  # loads the model off the loop if not preloaded
             if body.dimensions != dim:
@@ -296,11 +315,8 @@ def _routes(app: FastAPI, server: _Server) -> None:
     @app.get("/v1/collections", response_model=s.CollectionList, tags=["collections"])
     async def list_collections() -> Response:
         """Every collection with its record count."""
-        return json_response(
-            s.CollectionList(
-                data=[s.CollectionInfo(name=n, count=i.count) for n, i in sorted(server.collections.indexes().items())]
-            )
-        )
+        counts = await asyncio.to_thread(server.collections.counts)  # a Milvus count is a query: off the loop
+        return json_response(s.CollectionList(data=[s.CollectionInfo(name=n, count=c) for n, c in counts]))
 
     @app.delete("/v1/collections/{name}", tags=["collections"])
     async def drop_collection(name: str = name_path) -> Response:
@@ -324,11 +340,10 @@ def _routes(app: FastAPI, server: _Server) -> None:
     @app.post("/v1/collections/{name}/documents/delete", tags=["collections"])
     async def delete_documents(body: s.DeleteDocumentsRequest, name: str = name_path) -> Response:
         """Delete records by id (unknown ids are ignored)."""
-        collection = server.collections.get(name)
-        deleted = await collection.index.adelete(body.ids)
+        deleted, count = await server.collections.delete(name, body.ids)
         return Response(
             json.dumps({"object": "collection.documents.deleted", "collection": name, "deleted": deleted,
-                        "count": collection.index.count}),
+                        "count": count}),
             media_type="application/json",
         )
 

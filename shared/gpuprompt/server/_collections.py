@@ -4,8 +4,11 @@ An index is an in-memory :class:`~gpuprompt.VectorIndex` by default, or a
 :class:`~gpuprompt.MilvusIndex` in the Milvus deployment named by ``vector_uri`` (``gpuprompt
 serve --vector-uri``): then each collection is the Milvus collection ``gpuprompt_c_<name>`` (the
 name escaped to Milvus's alphabet), its records outlive the server, and a restarted server finds
-its collections again. A collection is created by its first successful upsert. Conversation sessions live in one shared
-ContextCache, keyed ``"<collection>/<session id>"`` (collection names cannot hold a ``/``).
+its collections again. With ``data_dir`` (``gpuprompt serve --data-dir``) the in-memory indexes
+outlive the process instead: every write is logged and fsynced before it is applied and
+acknowledged, and snapshots are checkpointed (:mod:`gpuprompt.server._durable`). A collection is
+created by its first successful upsert. Conversation sessions live in one shared ContextCache,
+keyed ``"<collection>/<session id>"`` (collection names cannot hold a ``/``).
 
 Both the number of collections and the records of each are capped (``max_collections``,
 ``max_collection_records`` in :class:`~gpuprompt.server.ServerConfig`), so one client cannot grow
@@ -16,12 +19,18 @@ is lazy), and a dropped collection, or one whose first upsert failed, has its in
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import re
 import threading
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, TypeVar
 
+from gpuprompt._bridge import off_loop
+from gpuprompt.errors import ConfigurationError
+from gpuprompt.server._durable import CollectionDropped, CollectionLog, DataDir, encode_delete, encode_upsert, purge
 from gpuprompt.server._errors import ApiError
 
 logger = logging.getLogger("gpuprompt.server")
@@ -33,6 +42,8 @@ if TYPE_CHECKING:
     from gpuprompt.llm import LLMEngine
     from gpuprompt.pipeline import RAGPipeline
 
+T = TypeVar("T")
+
 __all__ = ["COLLECTION_NAME_PATTERN", "MILVUS_PREFIX", "Collection", "Collections", "milvus_collection", "server_name"]
 
 COLLECTION_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
@@ -42,6 +53,7 @@ MILVUS_PREFIX = "gpuprompt_c_"
 """The prefix of the Milvus collections that hold a server's collections."""
 _ESCAPES = {"_": "_u", ".": "_d", "-": "_h"}
 _UNESCAPES = {v[1]: k for k, v in _ESCAPES.items()}
+_DROP_RETRIES = 3  # an upsert that keeps meeting a collection being dropped gives up after this many tries
 
 
 def milvus_collection(name: str) -> str:
@@ -66,11 +78,15 @@ def server_name(milvus_name: str) -> str | None:
 
 @dataclass
 class Collection:
-    """One collection: its index and its RAG pipeline."""
+    """One collection: its index and its RAG pipeline (and, under a data dir, its log)."""
 
     name: str
     index: IndexLike
     rag: RAGPipeline
+    log: CollectionLog | None = None
+    """Where its writes are logged before they are applied (None: not persisted by this server)."""
+    writers: asyncio.Lock = field(default_factory=asyncio.Lock, repr=False)
+    """Logged writes queue here, on the event loop, rather than each holding a worker thread."""
 
     def session_key(self, session_id: str) -> str:
         """The ContextCache key of a client's session in this collection."""
@@ -91,6 +107,12 @@ class Collections:
         max_records: most records per collection (409 ``collection_full`` beyond).
         vector_uri: None (in-memory indexes), or a Milvus URI (a Milvus Lite ``.db`` file or
             ``http://host:19530``) that holds every collection.
+        data_dir: None, or a folder where the in-memory indexes are logged and snapshotted so
+            they outlive the process (not with ``vector_uri``).
+        checkpoint_every: acknowledged writes of one collection between two snapshots (with ``data_dir``).
+
+    Raises:
+        ConfigurationError: both ``vector_uri`` and ``data_dir``.
     """
 
     def __init__(
@@ -105,7 +127,14 @@ class Collections:
         max_collections: int = 64,
         max_records: int = 1_000_000,
         vector_uri: str | None = None,
+        data_dir: str | None = None,
+        checkpoint_every: int = 1000,
     ) -> None:
+        if vector_uri is not None and data_dir is not None:
+            raise ConfigurationError(
+                "'data_dir' and 'vector_uri' must not both be set: collections live either in Milvus "
+                "(--vector-uri) or in this server's memory backed by a data dir (--data-dir); drop one of the two."
+            )
         self._embedder = embedder
         self.vector_uri = vector_uri
         self._llm = llm
@@ -120,6 +149,8 @@ class Collections:
         self._items: dict[str, Collection] = {}
         # Records promised to upserts still embedding, per collection: the cap counts them.
         self._pending: dict[str, int] = {}
+        self.data_dir = None if data_dir is None else DataDir(data_dir, checkpoint_every=checkpoint_every)
+        """The data dir that keeps the collections (None: they live in memory or in Milvus)."""
 
     def __len__(self) -> int:
         return len(self._items)
@@ -137,23 +168,76 @@ class Collections:
         """
         with self._lock:
             collection = self._items.get(name)
+        if collection is None and self.vector_uri is not None:
+            collection = self._adopt(name)
         if collection is None:
-            raise ApiError(
-                404,
-                f"collection {name!r} does not exist; create it by adding documents with "
-                f"POST /v1/collections/{name}/documents (GET /v1/collections lists them).",
-                param="name",
-                code="collection_not_found",
-            )
+            raise self._not_found(name)
         return collection
 
+    def _adopt(self, name: str) -> Collection | None:
+        """A collection another replica sharing ``vector_uri`` created since this one started, or None."""
+        from gpuprompt.index._milvus_schema import import_pymilvus
+
+        client = import_pymilvus().MilvusClient(uri=self.vector_uri)
+        try:
+            exists = client.has_collection(milvus_collection(name))
+        finally:
+            client.close()
+        if not exists:
+            return None
+        with self._lock:
+            if name not in self._items and len(self._items) < self.max_collections:
+                self._items[name] = self._new(name)
+            return self._items.get(name)
+
+    async def count(self, collection: Collection) -> int:
+        """The collection's record count, read off the event loop (a Milvus count is a query)."""
+        return await off_loop(lambda: collection.index.count)
+
+    def counts(self) -> list[tuple[str, int]]:
+        """``(name, count)`` of every collection, by name (blocking). A collection whose index cannot be
+        counted (its Milvus collection dropped by another replica, a server gone) is left out, with a warning."""
+        out = []
+        for name, index in sorted(self.indexes().items()):
+            try:
+                out.append((name, index.count))
+            except Exception as exc:  # noqa: BLE001 - one broken collection must not hide the others
+                logger.warning("collection %r cannot be counted (%s: %s); not listed", name, type(exc).__name__, exc)
+        return out
+
+    @staticmethod
+    def _not_found(name: str) -> ApiError:
+        return ApiError(
+            404,
+            f"collection {name!r} does not exist; create it by adding documents with "
+            f"POST /v1/collections/{name}/documents (GET /v1/collections lists them).",
+            param="name",
+            code="collection_not_found",
+        )
+
+    def open_data_dir(self) -> None:
+        """Take the data dir's lock (no-op without one); call before :meth:`restore`.
+
+        Raises:
+            ConfigurationError: another live server holds the data dir, or it cannot be created.
+        """
+        if self.data_dir is not None:
+            self.data_dir.acquire()
+
     def restore(self) -> list[str]:
-        """Find the collections a previous server left in ``vector_uri`` (none when in memory).
+        """Find the collections a previous server left in ``vector_uri`` or ``data_dir`` (none when in memory).
 
         Returns:
-            The names found, in order (at most ``max_collections``; others are left untouched
-            and a warning names them).
+            The names found, in order. From Milvus at most ``max_collections`` (others are left
+            untouched and a warning names them); from a data dir all of them (a warning says when
+            they pass ``max_collections``: no more can be created until some are dropped).
+
+        Raises:
+            SnapshotError: a damaged snapshot or log record in the data dir (the message names the file).
+            ConfigurationError: a data dir collection was embedded by another model than the served one.
         """
+        if self.data_dir is not None:
+            return self._restore_data_dir(self.data_dir)
         if self.vector_uri is None:
             return []
         from gpuprompt.index._milvus_schema import import_pymilvus
@@ -172,24 +256,64 @@ class Collections:
                 self._items.setdefault(name, self._new(name))
         return kept
 
-    def _new(self, name: str) -> Collection:
+    def _restore_data_dir(self, data_dir: DataDir) -> list[str]:
+        logs = data_dir.recover(self._new_index, self._device)
+        try:
+            served = self._embedder.identity
+            for name, log in logs.items():
+                recorded = log.index.config.embedder
+                if recorded is not None and recorded != served:
+                    raise ConfigurationError(
+                        f"collection {name!r} in data dir {str(data_dir.path)!r} holds vectors of embedding model "
+                        f"{recorded!r}, but this server embeds with {served!r}; start it with that "
+                        "--embedding-model, or use another --data-dir."
+                    )
+            try:
+                # Fresh snapshots, so the next start replays only what is written from now on.
+                data_dir.checkpoint_all(list(logs.values()))
+            except OSError as exc:
+                raise ConfigurationError(
+                    f"'data_dir' must be a folder this server can write: saving the recovered collections in "
+                    f"{str(data_dir.path)!r} failed ({exc}); free disk space or fix its permissions."
+                ) from exc
+        except BaseException:
+            for log in logs.values():
+                log.close()
+                log.index.close()
+            raise
+        with self._lock:
+            for name, log in logs.items():
+                self._items[name] = Collection(name, log.index, self._rag(log.index), log)
+        if len(logs) > self.max_collections:
+            logger.warning("%s holds %d collections, over max_collections=%d: serving them all, but no new one "
+                           "can be created until some are deleted", data_dir.path, len(logs), self.max_collections)
+        return list(logs)
+
+    def _new_index(self) -> Any:
+        from gpuprompt.index import VectorIndex
+
+        return VectorIndex(self._embedder.dim, metric="cosine", device=self._device)
+
+    def _rag(self, index: IndexLike) -> RAGPipeline:
         from gpuprompt.pipeline import RAGPipeline
 
+        return RAGPipeline(
+            index, self._llm, embedder=self._embedder, memory=self.memory, k=self._rag_k, max_tokens=self._max_tokens
+        )
+
+    def _new(self, name: str) -> Collection:
         index: IndexLike
         if self.vector_uri is None:
-            from gpuprompt.index import VectorIndex
-
-            index = VectorIndex(self._embedder.dim, metric="cosine", device=self._device)
+            index = self._new_index()
         else:
             from gpuprompt.index import MilvusIndex
 
             # Connects lazily: building one opens nothing until its first use.
             index = MilvusIndex(self._embedder.dim, metric="cosine", uri=self.vector_uri,
                                 collection=milvus_collection(name))
-        rag = RAGPipeline(
-            index, self._llm, embedder=self._embedder, memory=self.memory, k=self._rag_k, max_tokens=self._max_tokens
-        )
-        return Collection(name, index, rag)
+        # A data dir log does no I/O until the first write: a collection built and then discarded leaves nothing.
+        log = None if self.data_dir is None else self.data_dir.new_log(name, index)  # type: ignore[arg-type]
+        return Collection(name, index, self._rag(index), log)
 
     def _limit_error(self) -> ApiError:
         return ApiError(
@@ -238,14 +362,16 @@ class Collections:
         """Promise room for the request's new records under the cap; return how many were promised."""
         name = collection.name
         incoming = len(set(ids)) if ids is not None else n
+        stored = await self.count(collection)
         with self._lock:
-            held = collection.index.count + self._pending.get(name, 0)
+            held = stored + self._pending.get(name, 0)
         if held + incoming > self.max_records and ids is not None:
             # Near the cap: replaced records take no room, so count only the ids not stored yet.
             known = await collection.index.aget(list(set(ids)))
             incoming -= len(known)
+            stored = await self.count(collection)
         with self._lock:
-            held = collection.index.count + self._pending.get(name, 0)
+            held = stored + self._pending.get(name, 0)
             if held + incoming > self.max_records:
                 raise self._full_error(name, held, incoming)
             self._pending[name] = self._pending.get(name, 0) + incoming
@@ -277,44 +403,154 @@ class Collections:
             InvalidInputError: the index refused the records; nothing stored changed (a new
                 collection is not kept).
         """
-        collection, created = await self._collection_for_upsert(name)
-        try:
-            promised = await self._reserve(collection, ids, len(documents))
+        vectors = None
+        for _ in range(_DROP_RETRIES):
+            collection, created = await self._collection_for_upsert(name)
             try:
-                vectors = await self._embedder.aembed_tensor(documents)
-                stored = await collection.index.aadd(
-                    ids, vectors, documents, metadatas, embedder=self._embedder.identity
-                )
-            finally:
-                self._release(name, promised)
-        except BaseException:
-            if created:
-                self._forget_if_empty(collection)
-            raise
-        return stored, collection.index.count
+                promised = await self._reserve(collection, ids, len(documents))
+                try:
+                    if vectors is None:
+                        vectors = await self._embedder.aembed_tensor(documents)
+                    stored = await self._add(collection, ids, vectors, documents, metadatas)
+                finally:
+                    self._release(name, promised)
+            except CollectionDropped:
+                continue  # dropped under this request: the upsert comes after the drop, so it recreates it
+            except BaseException:
+                if created:
+                    self._forget_if_empty(collection)
+                raise
+            return stored, await self.count(collection)
+        raise ApiError(
+            409,
+            f"collection {name!r} was deleted {_DROP_RETRIES} times while these documents were being added; "
+            "nothing was stored: retry once it is no longer being deleted.",
+            param="name",
+            code="collection_deleted",
+        )
+
+    async def _add(
+        self,
+        collection: Collection,
+        ids: list[str] | None,
+        vectors: Any,
+        documents: list[str],
+        metadatas: list[dict[str, Any] | None] | None,
+    ) -> list[str]:
+        """Upsert embedded records into a collection: logged first when it has a log."""
+        identity = self._embedder.identity
+        log = collection.log
+        if log is None:
+            return await collection.index.aadd(ids, vectors, documents, metadatas, embedder=identity)
+        # The ids are fixed before logging, so a replay generates none of its own.
+        fixed = list(ids) if ids is not None else [uuid.uuid4().hex for _ in documents]
+
+        def write() -> tuple[list[str], bool]:
+            host = vectors.detach().cpu().float().numpy() if hasattr(vectors, "detach") else vectors
+            record = encode_upsert(fixed, host, documents, metadatas, identity)
+            index = collection.index
+            return log.write(record, lambda: index.add(fixed, host, documents, metadatas, embedder=identity))
+
+        return await self._logged(collection, write)
+
+    async def delete(self, name: str, ids: list[str]) -> tuple[int, int]:
+        """Delete records of ``name`` by id (unknown ids are ignored).
+
+        Returns:
+            ``(deleted, count)``: how many records were deleted and the collection's new size.
+
+        Raises:
+            ApiError: 404 when there is no such collection (or it was dropped meanwhile); 503 when
+                the data dir's log could not be written (nothing was deleted).
+        """
+        collection = self.get(name)
+        log = collection.log
+        if log is None:
+            deleted = await collection.index.adelete(ids)
+        else:
+            index = collection.index
+            try:
+                deleted = await self._logged(collection, lambda: log.write(encode_delete(ids), lambda: index.delete(ids)))
+            except CollectionDropped:
+                raise self._not_found(name) from None
+        return deleted, await self.count(collection)
+
+    async def _logged(self, collection: Collection, write: Callable[[], tuple[T, bool]]) -> T:
+        """Run a logged write off the loop, one per collection at a time; schedule a checkpoint when due."""
+        assert collection.log is not None and self.data_dir is not None
+        async with collection.writers:
+            try:
+                result, due = await off_loop(write)
+            except OSError as exc:
+                raise ApiError(
+                    503,
+                    f"collection {collection.name!r} was not changed: writing its log in data dir "
+                    f"{str(self.data_dir.path)!r} failed ({exc}). Free disk space or fix the folder's "
+                    "permissions, then retry.",
+                    type="server_error",
+                    code="storage_error",
+                ) from exc
+        if due:
+            self.data_dir.schedule_checkpoint(collection.log)
+        return result
 
     def _forget_if_empty(self, collection: Collection) -> None:
         """Drop a collection created by an upsert that failed, unless others have filled it since."""
-        with self._lock:
-            if (
-                self._items.get(collection.name) is not collection
-                or collection.index.count != 0
-                or self._pending.get(collection.name, 0) != 0
-            ):
+        log = collection.log
+        # Never waits (this runs on the event loop): a log busy with a write or checkpoint is in use, so kept.
+        with log.exclusive(blocking=False) if log is not None else contextlib.nullcontext(True) as held:
+            if not held:
                 return
-            del self._items[collection.name]
-        _discard(collection.index)
+            trash = None
+            with self._lock:
+                if (
+                    self._items.get(collection.name) is not collection
+                    or collection.index.count != 0
+                    or self._pending.get(collection.name, 0) != 0
+                ):
+                    return
+                if log is not None:
+                    try:
+                        # Renamed while the name is still taken, so a new collection of that name gets a new folder.
+                        trash = log.remove()
+                    except OSError as exc:
+                        logger.warning("could not delete the folder of empty collection %r (%s); keeping it",
+                                       collection.name, exc)
+                        return
+                del self._items[collection.name]
+        purge(trash)
+        # Closed, never dropped: in a shared Milvus another replica may have just created the same collection.
+        collection.index.close()
 
     def drop(self, name: str) -> None:
-        """Forget collection ``name`` and its sessions.
+        """Forget collection ``name`` and its sessions (under a data dir, durably, before returning).
 
         Raises:
-            ApiError: 404 when there is none.
+            ApiError: 404 when there is none; 503 when its data dir folder could not be removed
+                (then it is kept).
         """
         collection = self.get(name)
-        with self._lock:
-            if self._items.get(name) is collection:
-                del self._items[name]
+        log = collection.log
+        trash = None
+        # The log first (it waits out a write or checkpoint in progress), then the table of collections.
+        with log.exclusive() if log is not None else contextlib.nullcontext(True), self._lock:
+            if self._items.get(name) is not collection:
+                raise self._not_found(name)  # dropped by another request meanwhile
+            if log is not None:
+                try:
+                    # Renamed while the name is still taken, so a new collection of that name gets a new folder.
+                    trash = log.remove()
+                except OSError as exc:
+                    raise ApiError(
+                        503,
+                        f"collection {name!r} was not deleted: its folder in data dir "
+                        f"{str(log.folder.parent.parent)!r} could not be removed ({exc}); fix the folder's "
+                        "permissions, then retry.",
+                        type="server_error",
+                        code="storage_error",
+                    ) from exc
+            del self._items[name]
+        purge(trash)
         prefix = f"{name}/"
         for key in self.memory.sessions():
             if key.startswith(prefix):
@@ -322,12 +558,16 @@ class Collections:
         _discard(collection.index)
 
     def close(self) -> None:
-        """Close every index."""
+        """Checkpoint every collection into the data dir (if any) and release it, then close every index."""
         with self._lock:
             items = list(self._items.values())
             self._items.clear()
-        for collection in items:
-            collection.index.close()
+        try:
+            if self.data_dir is not None:
+                self.data_dir.close([c.log for c in items if c.log is not None])
+        finally:
+            for collection in items:
+                collection.index.close()
 
 
 def _discard(index: IndexLike) -> None:

@@ -62,8 +62,22 @@ class ServerConfig:
         redis_url: a Redis URL (``redis://host:6379/0``) where collection-chat sessions live, so
             replicas sharing it continue each other's conversations; None keeps them in memory.
         session_ttl_s: seconds a Redis session lives after its last turn (None: for ever).
+        max_model_len: the chat model's context window in tokens (None: the engine's default,
+            2,048); with ``llm_url`` set it to the fleet's (a longer one than the fleet serves is
+            refused at start).
+        accept_token_ids: read embedding input given as token ids (tiktoken ``cl100k_base``, what
+            langchain-openai and Langflow send by default) back to text; off, such input gets a 400
+            naming the client setting to change. Ids of another vocabulary usually read back to
+            garbage text that cannot be told apart, so turn it on only for clients known to send
+            cl100k ids. The vocabulary loads at start (``TIKTOKEN_CACHE_DIR`` offline).
         vector_uri: a Milvus URI (a Milvus Lite ``.db`` file, or ``http://host:19530``) holding the
             collections, which then outlive the server; None keeps them in memory.
+        data_dir: a folder where the in-memory collections are kept (snapshots plus a write-ahead
+            log fsynced before each write is acknowledged), so they survive restarts and crashes;
+            one server per folder (a second one is refused). Not with ``vector_uri``. None: in
+            memory only.
+        checkpoint_every: acknowledged writes of one collection between two snapshots under
+            ``data_dir`` (the log between them is replayed at the next start).
     """
 
     api_key: str | None = None
@@ -86,6 +100,10 @@ class ServerConfig:
     redis_url: str | None = None
     session_ttl_s: float | None = 86_400.0
     vector_uri: str | None = None
+    accept_token_ids: bool = False
+    max_model_len: int | None = None
+    data_dir: str | None = None
+    checkpoint_every: int = 1000
 
     def __post_init__(self) -> None:
         if self.api_key is not None and (not isinstance(self.api_key, str) or not self.api_key):
@@ -95,8 +113,11 @@ class ServerConfig:
         _int("retry_after_s", self.retry_after_s, 0)
         _int("default_max_tokens", self.default_max_tokens, 1)
         _int("rag_k", self.rag_k, 1)
+        if self.max_model_len is not None:
+            _int("max_model_len", self.max_model_len, 16)
         _int("max_collections", self.max_collections, 0)
         _int("max_collection_records", self.max_collection_records, 1)
+        _int("checkpoint_every", self.checkpoint_every, 1)
         if self.llm_backend not in ("auto", "vllm", "transformers", "remote"):
             raise ConfigurationError(
                 f"'llm_backend' must be 'auto', 'vllm', 'transformers' or 'remote' (got {describe(self.llm_backend)})."
@@ -106,10 +127,16 @@ class ServerConfig:
                 f"'llm_url' fronts a remote LLM server, so 'llm_backend' must be 'auto' or 'remote' "
                 f"(got {self.llm_backend!r}); drop one of the two."
             )
-        for name in ("llm_url", "redis_url", "vector_uri"):
+        for name in ("llm_url", "redis_url", "vector_uri", "data_dir"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, str) or not value.strip()):
                 raise ConfigurationError(f"'{name}' must be None or a non-empty str (got {describe(value)}).")
+        if self.data_dir is not None and self.vector_uri is not None:
+            raise ConfigurationError(
+                f"'data_dir' ({self.data_dir!r}) and 'vector_uri' ({self.vector_uri!r}) must not both be set: "
+                "collections live either in Milvus (--vector-uri) or in memory backed by a data dir "
+                "(--data-dir); drop one of the two."
+            )
         if self.llm_url is not None and not self.llm_url.startswith(("http://", "https://")):
             raise ConfigurationError(f"'llm_url' must be an http:// or https:// URL (got {self.llm_url!r}).")
         if self.redis_url is not None and not self.redis_url.startswith(("redis://", "rediss://", "unix://")):
@@ -130,7 +157,7 @@ class ServerConfig:
             )
         if not isinstance(self.device, str):
             raise ConfigurationError(f"'device' must be a str like 'auto', 'cpu' or 'cuda:0' (got {describe(self.device)}).")
-        for name in ("strict_model_names", "preload"):
+        for name in ("strict_model_names", "preload", "accept_token_ids"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigurationError(f"'{name}' must be a bool (got {describe(getattr(self, name))}).")
 
@@ -144,8 +171,9 @@ class ServerConfig:
 
     def llm_options(self) -> dict[str, Any]:
         """The :class:`~gpuprompt.llm.LLMConfig` options (besides the model) this config asks for."""
+        window = {} if self.max_model_len is None else {"max_model_len": self.max_model_len}
         if self.llm_url is None and self.llm_backend != "remote":
-            return {"backend": self.llm_backend, "device": self.device}
+            return {"backend": self.llm_backend, "device": self.device, **window}
         api_key = self.llm_api_key or os.environ.get(LLM_API_KEY_ENV) or None
         # An empty key (not None) keeps the remote backend from sending the server's own API key.
-        return {"backend": "remote", "base_url": self.llm_url, "api_key": api_key or "", "device": "cpu"}
+        return {"backend": "remote", "base_url": self.llm_url, "api_key": api_key or "", "device": "cpu", **window}

@@ -6,6 +6,7 @@ batch sizes and cache hit rates are read from the components' ``stats()`` at scr
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -20,6 +21,8 @@ if TYPE_CHECKING:
     from gpuprompt.llm import LLMEngine
 
 __all__ = ["CONTENT_TYPE_LATEST", "Metrics"]
+
+logger = logging.getLogger("gpuprompt.server")
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 _SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048)
@@ -108,7 +111,11 @@ def _collection_families(indexes: dict[str, VectorIndex]) -> Iterator[Any]:
         "gpuprompt_collection_search_batch_size_max", "Largest batched index call.", labels=labels
     )
     for name, index in sorted(indexes.items()):
-        stats = index.stats()
+        try:
+            stats = index.stats()
+        except Exception:  # noqa: BLE001 - one collection that cannot be read must not break the scrape
+            logger.warning("collection %r has no stats (its index cannot be read); left out of /metrics", name)
+            continue
         documents.add_metric([name], stats.count)
         depth.add_metric([name], stats.batcher.queue_depth)
         searches.add_metric([name], stats.batcher.items)

@@ -37,6 +37,9 @@ def serve(
     redis_url: str | None = None,
     session_ttl_s: float | None = ServerConfig.session_ttl_s,
     vector_uri: str | None = None,
+    data_dir: str | None = None,
+    accept_token_ids: bool = False,
+    max_model_len: int | None = None,
     graceful_timeout_s: float | None = 60.0,
     log_level: str = "info",
 ) -> int:
@@ -71,11 +74,20 @@ def serve(
         redis_url: keep collection-chat sessions in this Redis (shared by replicas).
         session_ttl_s: seconds a Redis session lives after its last turn (None: for ever).
         vector_uri: keep collections in this Milvus deployment (a Milvus Lite file or a server).
+        data_dir: keep collections in this folder (snapshots plus a write-ahead log), so they survive
+            restarts and kill -9; a folder another live server holds fails the start (exit 1).
+        accept_token_ids: read token-id embedding input (tiktoken ``cl100k_base``) back to text.
+        max_model_len: the chat model's context window (None: the engine's default); with
+            ``llm_url``, the fleet's.
         graceful_timeout_s: how long SIGTERM waits for in-flight requests; None waits for ever.
         log_level: uvicorn's log level.
 
     Returns:
         The exit status: 0 after a clean shutdown, 1 when the server could not start.
+
+    Raises:
+        ConfigurationError: an invalid option, or options that contradict each other
+            (``data_dir`` with ``vector_uri``).
     """
     import uvicorn
 
@@ -102,6 +114,9 @@ def serve(
         redis_url=redis_url,
         session_ttl_s=session_ttl_s,
         vector_uri=vector_uri,
+        accept_token_ids=accept_token_ids,
+        max_model_len=max_model_len,
+        data_dir=data_dir,
     )
     app = create_app(config)
     server = uvicorn.Server(

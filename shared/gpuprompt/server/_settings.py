@@ -36,6 +36,8 @@ class ServeSettings(BaseSettings):
     llm_url: str | None = Field(None, min_length=1, description="front an OpenAI-compatible LLM server or fleet "
                                 "(vLLM, vllm-router) at this URL instead of loading the model here; "
                                 "--chat-model names its tokenizer")
+    max_model_len: int | None = Field(None, ge=16, description="the chat model's context window in tokens "
+                                      "(unset: 2048); with --llm-url, the fleet's")
     llm_api_key: str | None = Field(None, min_length=1, description="key sent to --llm-url (unset: none)")
     chat_model: str | None = Field(None, min_length=1, description="local folder, .gguf file or hub id "
                                    "(default: bundled SmolLM2-135M-Instruct)")
@@ -63,6 +65,12 @@ class ServeSettings(BaseSettings):
                                       "last turn")
     vector_uri: str | None = Field(None, min_length=1, description="keep collections in Milvus (a Milvus Lite "
                                    ".db file or http://host:19530) so they outlive the server; unset: in memory")
+    data_dir: str | None = Field(None, min_length=1, description="keep collections in this folder (snapshots "
+                                 "plus a write-ahead log fsynced before each write is acknowledged), so they "
+                                 "survive restarts and crashes; not with --vector-uri; unset: in memory")
+    accept_token_ids: bool = Field(False, description="read token-id embedding input (tiktoken cl100k_base ids, "
+                                   "langchain-openai's and Langflow's default) back to text; off: a 400 saying "
+                                   "to send text")
     graceful_timeout: float = Field(60.0, ge=0, description="seconds SIGTERM waits for in-flight requests")
     log_level: Literal["critical", "error", "warning", "info", "debug", "trace"] = Field(
         "info", description="uvicorn's log level")
@@ -91,6 +99,9 @@ class ServeSettings(BaseSettings):
             "redis_url": self.redis_url,
             "session_ttl_s": self.session_ttl,
             "vector_uri": self.vector_uri,
+            "data_dir": self.data_dir,
+            "accept_token_ids": self.accept_token_ids,
+            "max_model_len": self.max_model_len,
             "graceful_timeout_s": self.graceful_timeout,
             "log_level": self.log_level,
         }
