@@ -56,6 +56,14 @@ def new_call_id() -> str:
     return f"call_{uuid.uuid4().hex[:24]}"
 
 
+def _derived_call_id(where: str, tool: Any, arguments: str) -> str:
+    """A stable id, in OpenAI's shape, for a call given without one."""
+    import hashlib
+
+    digest = hashlib.sha256(f"{where}\x00{tool}\x00{arguments}".encode("utf-8", "surrogatepass")).hexdigest()
+    return f"call_{digest[:24]}"
+
+
 def _check_name(value: Any, name: str) -> str:
     check_str(value, name)
     if not _NAME.match(value):
@@ -192,7 +200,6 @@ class ToolCall:
             return obj
         if not isinstance(obj, Mapping):
             raise fail(name, "a ToolCall or an OpenAI tool-call dict", obj, error=InputTypeError)
-        call_id = obj.get("id") or new_call_id()
         body = obj.get("function", obj)
         if not isinstance(body, Mapping):
             raise fail(f"{name}.function", "a dict with 'name' and 'arguments'", body, error=InputTypeError)
@@ -203,6 +210,9 @@ class ToolCall:
             arguments = json.dumps(check_json(arguments, f"{name}.arguments"), ensure_ascii=False)
         elif not isinstance(arguments, str):
             raise fail(f"{name}.arguments", "JSON text of an object or a dict", arguments, error=InputTypeError)
+        # A missing id is derived from where the call sits and what it says, never drawn at random: the
+        # same history must render the same prompt every time (prefix cache, seeded sampling).
+        call_id = obj.get("id") or _derived_call_id(name, body.get("name"), arguments)
         try:
             return cls(id=call_id, name=body.get("name"), arguments=arguments)  # type: ignore[arg-type]
         except InvalidInputError as exc:
