@@ -36,6 +36,7 @@ _MODULES = [
     "gpuprompt.bench.agent_tools",
     "gpuprompt.bench.milvus_concurrency",
     "gpuprompt.bench.index_bulk",
+    "gpuprompt.bench.multiproc",
 ]
 
 
