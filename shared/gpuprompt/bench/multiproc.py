@@ -4,8 +4,9 @@ The deployment question of a RAG app under ``uvicorn --workers 4`` or gunicorn: 
 its own embedder, index and LLM engine (*in process*), or every worker sends its questions to one
 ``gpuprompt serve`` that holds the models once and batches across workers (*remote*). Both sides
 run the same :class:`~gpuprompt.RAGPipeline` over the same catalogue (in each worker, or in the
-server's collection chat route), at temperature 0, with the transformers backend (four vLLM
-engines do not fit a 2-core box; on a GPU a second in-process vLLM engine does not even start).
+server's collection chat route), at temperature 0, with the same LLM backend (vLLM's CPU build
+when installed, each engine with a 1 GiB KV cache; else transformers). On a GPU the in-process side
+could not even run: a second in-process vLLM engine does not start on a GPU the first one holds.
 
 Measured per side, over one burst that starts in every worker at the same instant: answers per
 second of wall time, p50 / p95 latency of one answer, and the total resident memory of every
@@ -41,6 +42,19 @@ _RUN_TIMEOUT_S = 1800.0
 def _sizes(quick: bool) -> tuple[int, int, int]:
     """(catalogue products, questions per worker, new tokens per answer)."""
     return (200, 8, 16) if quick else (500, 16, 32)
+
+
+def _backend() -> str:
+    """The LLM backend of both sides: vLLM (the product's default) when installed, else transformers."""
+    import importlib.util
+
+    return "vllm" if importlib.util.find_spec("vllm") is not None else "transformers"
+
+
+def _env() -> dict[str, str]:
+    # The same KV cache for every vLLM engine of both sides (1 GiB each on CPU).
+    return {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "VLLM_CPU_KVCACHE_SPACE": "1",
+            "VLLM_LOGGING_LEVEL": "ERROR"}
 
 
 def _questions(worker: int, n: int, run: int) -> list[str]:
@@ -79,7 +93,7 @@ def _worker_inproc(args: argparse.Namespace) -> dict[str, Any]:
 
     products, _, max_tokens = _sizes(args.quick)
     embedder = Embedder(device="cpu").load()
-    llm = LLMEngine(backend="transformers", device="cpu").load()
+    llm = LLMEngine(backend=_backend(), device="cpu").load()
     items = catalogue(products)
     texts = [item["text"] for item in items]
     index = VectorIndex(embedder.dim, metric="cosine", device="cpu")
@@ -160,7 +174,7 @@ def _spawn_workers(mode: str, run: int, quick: bool, work: Path, url: str | None
             command.append("--quick")
         if url:
             command += ["--url", url]
-        env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+        env = _env()
         procs.append(subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                                       text=True, start_new_session=True))
     return procs
@@ -219,9 +233,9 @@ def _remote_side(run: int, quick: bool, work: Path) -> dict[str, float]:
 
     port = _free_port()
     url = f"http://127.0.0.1:{port}"
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    env = _env()
     server = subprocess.Popen(
-        [sys.executable, "-m", "gpuprompt.cli", "serve", "--port", str(port), "--llm-backend", "transformers",
+        [sys.executable, "-m", "gpuprompt.cli", "serve", "--port", str(port), "--llm-backend", _backend(),
          "--device", "cpu", "--log-level", "warning"],
         env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True,
     )
@@ -304,7 +318,8 @@ def multiproc(ctx: BenchContext) -> ScenarioResult:
             values=[medians["inproc_answers_per_s"], medians["remote_answers_per_s"]],
         ),
         notes=(
-            "Both sides: RAGPipeline over the same catalogue, transformers backend on CPU, temperature 0. "
+            f"Both sides: RAGPipeline over the same catalogue, the {_backend()} backend on CPU (vLLM: 1 GiB KV "
+            "cache per engine), temperature 0. "
             "Memory: resident set of every process of the side (workers; remote also the server) with the "
             "models loaded, and its peak during the burst. On a GPU box the in-process side is worse than "
             "this: a second in-process vLLM engine cannot start on a GPU the first one holds, and four "
