@@ -3,7 +3,9 @@
 The adapter converts LangChain messages, tools and tool choices to engine requests and engine
 results to LangChain messages (:mod:`langchain_gpuprompt._chat_convert`); batching, streaming,
 stop strings, cancellation, the tool prompt format, the tool-call parser and guided decoding all
-live in the core.
+live in the core. With ``base_url`` (or ``GPUPROMPT_URL``) the core object is a
+:class:`gpuprompt.remote.RemoteLLM` talking to a running ``gpuprompt serve`` instead of the
+runtime's engine; nothing else changes here.
 """
 
 from __future__ import annotations
@@ -23,12 +25,14 @@ from langchain_core.runnables import Runnable, RunnableConfig, RunnableMap, Runn
 from langchain_core.tools import BaseTool
 from langchain_core.utils.function_calling import convert_to_openai_tool
 from langchain_core.utils.pydantic import is_basemodel_subclass
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, SecretStr
 
 from gpuprompt._bridge import run_sync
 from gpuprompt.errors import ConfigurationError, InvalidInputError, describe
 from gpuprompt.llm._policy import check_call_policy
 from gpuprompt.models import BUNDLED_CHAT_MODEL
+from gpuprompt.remote._config import ENV_API_KEY, resolve_remote
+from gpuprompt.remote._errors import redact
 from langchain_gpuprompt._chat_convert import (
     PROVIDER,
     chat_result,
@@ -41,6 +45,7 @@ from langchain_gpuprompt._chat_convert import (
 
 if TYPE_CHECKING:
     from gpuprompt.llm import GenerationRequest, LLMEngine
+    from gpuprompt.remote import RemoteConfig, RemoteLLM
 
 __all__ = ["ChatGPUPrompt"]
 
@@ -122,6 +127,18 @@ class ChatGPUPrompt(BaseChatModel):
     Agents (LangChain v1): ``create_agent(ChatGPUPrompt(), tools, response_format=Schema)``; the
     model's :attr:`profile` tells the agent it supports tool calling, tool choice and native
     structured output.
+
+    Remote mode (many worker processes share one ``gpuprompt serve`` and its batches; the worker
+    imports no torch and loads no model):
+        .. code-block:: python
+
+            llm = ChatGPUPrompt(base_url="http://127.0.0.1:8000", api_key="...", max_tokens=64)
+            # or set GPUPROMPT_URL (and GPUPROMPT_API_KEY) and keep ChatGPUPrompt(max_tokens=64)
+
+        Everything above works the same (streaming, async, batch, tools, structured output) with
+        the same typed errors: a busy server raises ``QueueFullError`` (``retry_after`` set), a
+        dead engine ``EngineDeadError``. ``backend``, ``device``, ``engine_kwargs`` and
+        ``truncate='left'`` configure a local engine and are refused with ``base_url``.
     """
 
     model: str | None = None
@@ -154,18 +171,40 @@ class ChatGPUPrompt(BaseChatModel):
     """Engine priority of this model's requests; lower is served first under load."""
     truncate: Literal["error", "left"] = "error"
     """'error' raises ContextLengthError on a too-long prompt; 'left' drops the oldest turns."""
+    base_url: str | None = None
+    """A running ``gpuprompt serve`` to generate on (remote mode); None reads ``GPUPROMPT_URL``, and
+    without it the engine runs in this process."""
+    api_key: SecretStr | None = None
+    """The server's API key (remote mode); None reads ``GPUPROMPT_API_KEY`` when ``GPUPROMPT_URL`` is used."""
 
     model_config = ConfigDict(extra="forbid", protected_namespaces=())
 
-    _engine_cache: LLMEngine | None = PrivateAttr(default=None)
+    _engine_cache: LLMEngine | RemoteLLM | None = PrivateAttr(default=None)
+    _remote: RemoteConfig | None = PrivateAttr(default=None)
 
     def __init__(self, **data: Any) -> None:
         super().__init__(**data)
         # Pure-Python checks (nothing loads): bad settings fail here with the core's typed error,
         # not inside a pydantic validator that would rewrap them.
-        self._config()
+        self._remote = resolve_remote(
+            self.base_url,
+            self.api_key,
+            owner="ChatGPUPrompt",
+            local_options={"backend": (self.backend, "auto"), "device": (self.device, "auto"),
+                           "engine_kwargs": (self.engine_kwargs, {}), "truncate": (self.truncate, "error")},
+        )
+        if self._remote is None:
+            self._config()
+        else:
+            self.base_url = self._remote.base_url
+            if self._remote.api_key is not None:
+                self.api_key = SecretStr(self._remote.api_key)
         self._request([{"role": "user", "content": ""}], None, {})  # checks the sampling settings
         check_call_policy(self.timeout, self.max_retries)
+
+    @property
+    def lc_secrets(self) -> dict[str, str]:
+        return {"api_key": ENV_API_KEY}
 
     # ------------------------------------------------------------------ engine
     def _config(self, model: str | None | Literal["__self__"] = "__self__") -> Any:
@@ -186,15 +225,21 @@ class ChatGPUPrompt(BaseChatModel):
             **self.engine_kwargs,
         )
 
-    def _shared_engine(self, model: str | None | Literal["__self__"]) -> LLMEngine:
-        """The runtime's engine for these settings (looked up, not started)."""
+    def _shared_engine(self, model: str | None | Literal["__self__"]) -> LLMEngine | RemoteLLM:
+        """The runtime's engine for these settings, or in remote mode the process's client of the
+        server (looked up, not started)."""
+        if self._remote is not None:
+            from gpuprompt.remote import shared_llm
+
+            return shared_llm(self._remote, self.model if model == "__self__" else model,
+                              context_window=self.max_model_len)
         from gpuprompt.runtime import get_runtime
 
         config = self._config(model)
         options = {name: getattr(config, name) for name in config.option_names()}
         return get_runtime().llm(config.model, **options)
 
-    def _get_engine(self, model: str | None | Literal["__self__"] = "__self__") -> LLMEngine:
+    def _get_engine(self, model: str | None | Literal["__self__"] = "__self__") -> LLMEngine | RemoteLLM:
         if model == "__self__" and self._engine_cache is not None:
             return self._engine_cache
         engine = self._shared_engine(model).load()
@@ -203,11 +248,12 @@ class ChatGPUPrompt(BaseChatModel):
         return engine
 
     @property
-    def engine(self) -> LLMEngine:
-        """The shared core engine for these settings (started on first access)."""
+    def engine(self) -> LLMEngine | RemoteLLM:
+        """The shared core engine for these settings (started on first access); in remote mode a
+        :class:`gpuprompt.remote.RemoteLLM` with the same interface."""
         return self._get_engine()
 
-    async def _aget_engine(self, model: str | None | Literal["__self__"]) -> LLMEngine:
+    async def _aget_engine(self, model: str | None | Literal["__self__"]) -> LLMEngine | RemoteLLM:
         if model == "__self__" and self._engine_cache is not None:
             return self._engine_cache
         # Starting an engine loads a model (and may spawn vLLM): never on the event loop.
@@ -253,7 +299,7 @@ class ChatGPUPrompt(BaseChatModel):
 
     @property
     def _identifying_params(self) -> dict[str, Any]:
-        return {
+        params: dict[str, Any] = {
             "model": self.model or BUNDLED_CHAT_MODEL,
             "backend": self.backend,
             "max_model_len": self.max_model_len,
@@ -264,6 +310,9 @@ class ChatGPUPrompt(BaseChatModel):
             "seed": self.seed,
             "truncate": self.truncate,
         }
+        if self._remote is not None:  # another server is another model instance (cache keys, tracing)
+            params.update(backend="remote", base_url=redact(self._remote.base_url))
+        return params
 
     def _get_ls_params(self, stop: list[str] | None = None, **kwargs: Any) -> LangSmithParams:
         params = LangSmithParams(

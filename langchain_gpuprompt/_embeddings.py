@@ -3,7 +3,9 @@
 The adapter only converts types: the core Embedder does the batching across concurrent calls,
 the de-duplication and the device cache. ``HuggingFaceEmbeddings``' own arguments
 (``model_name``, ``model_kwargs``, ``encode_kwargs``, ``query_encode_kwargs``) are translated to
-the core's settings here, so swapping the import is the whole migration.
+the core's settings here, so swapping the import is the whole migration. With ``base_url`` (or
+``GPUPROMPT_URL``) the core object is a :class:`gpuprompt.remote.RemoteEmbedder` of a running
+``gpuprompt serve`` instead of the runtime's Embedder.
 """
 
 from __future__ import annotations
@@ -14,16 +16,18 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Literal
 
 from langchain_core.embeddings import Embeddings
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, SecretStr, ValidationError
 
 from gpuprompt._validate import check_bool, check_str, configuration_error, fail
 from gpuprompt.embedder import EmbedderConfig
 from gpuprompt.errors import ConfigurationError, describe
+from gpuprompt.remote._config import resolve_remote
 
 if TYPE_CHECKING:
     import torch
 
     from gpuprompt.embedder import Embedder
+    from gpuprompt.remote import RemoteConfig, RemoteEmbedder
 
 # Defaults come from the core config: the same settings must reach the same shared Embedder
 # (and batch queue) whether it is asked for from LangChain, LlamaIndex or the core.
@@ -89,6 +93,18 @@ class GPUPromptEmbeddings(BaseModel, Embeddings):
         .. code-block:: python
 
             vector = await embeddings.aembed_query("red summer dress")
+
+    Remote mode (the vectors of a running ``gpuprompt serve``, batched there with every worker's
+    texts; this process imports no torch and loads no model):
+        .. code-block:: python
+
+            embeddings = GPUPromptEmbeddings(base_url="http://127.0.0.1:8000", api_key="...")
+            # or set GPUPROMPT_URL (and GPUPROMPT_API_KEY) and keep GPUPromptEmbeddings()
+
+        Instructions and prompts still apply (here, as text). Settings of a local model
+        (``device``, ``dtype``, ``quantize``, ``batch_size``, ``max_batch_tokens``, ``max_wait_ms``,
+        ``max_queue``, ``cache_size``, ``show_progress``, ``normalize=False``) are refused with
+        ``base_url``: the server's own flags set them.
     """
 
     model: str | None = Field(default=None, alias="model_name")
@@ -132,10 +148,16 @@ class GPUPromptEmbeddings(BaseModel, Embeddings):
     cache_folder: str | None = None
     """Accepted for ``HuggingFaceEmbeddings`` compatibility; must stay None (pass a folder as
     ``model_name``, or set ``HF_HOME``)."""
+    base_url: str | None = None
+    """A running ``gpuprompt serve`` to embed on (remote mode); None reads ``GPUPROMPT_URL``, and
+    without it the model runs in this process."""
+    api_key: SecretStr | None = None
+    """The server's API key (remote mode); None reads ``GPUPROMPT_API_KEY`` when ``GPUPROMPT_URL`` is used."""
 
     model_config = ConfigDict(extra="forbid", protected_namespaces=(), populate_by_name=True)
 
-    _embedder: Embedder | None = PrivateAttr(default=None)
+    _embedder: Embedder | RemoteEmbedder | None = PrivateAttr(default=None)
+    _remote: RemoteConfig | None = PrivateAttr(default=None)
     _doc_prefix: str = PrivateAttr(default="")
     _query_prefix: str = PrivateAttr(default="")
 
@@ -147,7 +169,20 @@ class GPUPromptEmbeddings(BaseModel, Embeddings):
         # Check the options now (pure Python, loads nothing) so a bad value fails at construction
         # with the core's typed ConfigurationError (pydantic would wrap it inside a validator).
         self._translate_hf_arguments()
-        self._config()
+        local = ("device", "dtype", "quantize", "batch_size", "max_batch_tokens", "max_wait_ms", "max_queue",
+                 "cache_size", "show_progress", "normalize")
+        self._remote = resolve_remote(
+            self.base_url,
+            self.api_key,
+            owner="GPUPromptEmbeddings",
+            local_options={name: (getattr(self, name), getattr(_CORE, name)) for name in local},
+        )
+        if self._remote is None:
+            self._config()
+        else:
+            self.base_url = self._remote.base_url
+            if self._remote.api_key is not None:
+                self.api_key = SecretStr(self._remote.api_key)
 
     # ------------------------------------------------------------------ HuggingFaceEmbeddings args
     def _translate_hf_arguments(self) -> None:
@@ -215,8 +250,13 @@ class GPUPromptEmbeddings(BaseModel, Embeddings):
         )
 
     @property
-    def embedder(self) -> Embedder:
-        """The shared core :class:`~gpuprompt.Embedder` for these settings (not loaded yet)."""
+    def embedder(self) -> Embedder | RemoteEmbedder:
+        """The shared core :class:`~gpuprompt.Embedder` for these settings (not loaded yet); in
+        remote mode a :class:`gpuprompt.remote.RemoteEmbedder` with the same interface."""
+        if self._embedder is None and self._remote is not None:
+            from gpuprompt.remote import shared_embedder
+
+            self._embedder = shared_embedder(self._remote, self.model)
         if self._embedder is None:
             from gpuprompt.runtime import get_runtime
 
@@ -234,7 +274,7 @@ class GPUPromptEmbeddings(BaseModel, Embeddings):
         """Async :meth:`embed_tensor`."""
         return await (await self._aembedder()).aembed_tensor(self._documents(texts))
 
-    async def _aembedder(self) -> Embedder:
+    async def _aembedder(self) -> Embedder | RemoteEmbedder:
         if self._embedder is None:
             # The first lookup resolves the device, which imports torch: keep that off the loop.
             await asyncio.to_thread(lambda: self.embedder)
@@ -287,6 +327,8 @@ class GPUPromptEmbeddings(BaseModel, Embeddings):
         return (await (await self._aembedder()).aembed(self._query(text)))[0].tolist()
 
     def __repr__(self) -> str:
+        if self._remote is not None:
+            return f"GPUPromptEmbeddings(model={self.model!r}, base_url={self._remote.shown_url!r})"
         quantize = f", quantize={self.quantize!r}" if self.quantize else ""
         return f"GPUPromptEmbeddings(model={self.model!r}, device={self.device!r}{quantize})"
 

@@ -1,7 +1,9 @@
 """GPUPromptEmbedding: a LlamaIndex ``BaseEmbedding`` over the shared, batched gpuprompt Embedder.
 
 Every call, sync or async, goes through the core Embedder's one batch queue, so the query
-embeddings of many concurrent ``aquery`` calls are computed together in one forward pass.
+embeddings of many concurrent ``aquery`` calls are computed together in one forward pass. With
+``base_url`` (or ``GPUPROMPT_URL``) that queue is a running ``gpuprompt serve``'s, reached through
+:class:`gpuprompt.remote.RemoteEmbedder`.
 """
 
 from __future__ import annotations
@@ -26,10 +28,12 @@ from gpuprompt._validate import check_choice, check_str, check_str_list, configu
 from gpuprompt.embedder import EmbedderConfig
 from gpuprompt.errors import ConfigurationError, InputTypeError, describe
 from gpuprompt.models import BUNDLED_EMBEDDING_MODEL
+from gpuprompt.remote._config import resolve_remote
 from llamaindex_gpuprompt._common import check_options
 
 if TYPE_CHECKING:
     from gpuprompt.embedder import Embedder
+    from gpuprompt.remote import RemoteConfig, RemoteEmbedder
 
 __all__ = ["GPUPromptEmbedding"]
 
@@ -52,6 +56,12 @@ class GPUPromptEmbedding(BaseEmbedding):
         384
         >>> vectors = await embed.aget_text_embedding_batch(["a", "b"])   # in an async function
         >>> small = GPUPromptEmbedding(quantize="int8")  # int8 forward pass on CPU, checked vs fp32
+        >>> shared = GPUPromptEmbedding(base_url="http://127.0.0.1:8000")  # a gpuprompt serve's vectors
+
+    Remote mode: with ``base_url`` (or ``GPUPROMPT_URL``, and ``GPUPROMPT_API_KEY``) the vectors come
+    from a running ``gpuprompt serve``, batched there with every other worker's texts; this process
+    imports no torch and loads no model. ``device``, ``quantize``, ``embedder_options``,
+    ``normalize=False`` and ``embedder`` configure a local model and are refused with it.
 
     Args:
         model_name: a local sentence-transformers folder, a hub id available offline, or the
@@ -59,6 +69,8 @@ class GPUPromptEmbedding(BaseEmbedding):
         embedder: an already built :class:`gpuprompt.Embedder` to use instead of the runtime's
             shared one (then ``device``, ``normalize``, ``quantize`` and ``embedder_options`` are
             ignored).
+        base_url: a running ``gpuprompt serve`` (remote mode); None reads ``GPUPROMPT_URL``.
+        api_key: that server's API key; None reads ``GPUPROMPT_API_KEY`` with ``GPUPROMPT_URL``.
         **kwargs: the fields below and those of ``BaseEmbedding``.
     """
 
@@ -86,8 +98,13 @@ class GPUPromptEmbedding(BaseEmbedding):
     )
     # The core batches across calls; a large framework chunk only lets it sort more texts by length.
     embed_batch_size: int = Field(default=512, gt=0, le=2048, description="Texts per framework chunk.")
+    base_url: str | None = Field(
+        default=None, description="A running gpuprompt serve to embed on (remote mode); None: GPUPROMPT_URL or in process."
+    )
+    api_key: str | None = Field(default=None, exclude=True, repr=False, description="The server's API key (remote mode).")
 
-    _embedder: Embedder | None = PrivateAttr(default=None)
+    _embedder: Embedder | RemoteEmbedder | None = PrivateAttr(default=None)
+    _remote: RemoteConfig | None = PrivateAttr(default=None)
 
     @field_validator("quantize", mode="before")
     @classmethod
@@ -118,7 +135,17 @@ class GPUPromptEmbedding(BaseEmbedding):
             super().__init__(model_name=model_name, **kwargs)
         except ValidationError as exc:  # a field of the wrong type: our typed error, naming it
             raise configuration_error(exc, "GPUPromptEmbedding") from exc
-        if embedder is None:
+        self._remote = resolve_remote(
+            self.base_url,
+            self.api_key,
+            owner="GPUPromptEmbedding",
+            local_options={"device": (self.device, "auto"), "quantize": (self.quantize, None),
+                           "normalize": (self.normalize, True), "embedder_options": (self.embedder_options, {}),
+                           "embedder": (embedder, None)},
+        )
+        if self._remote is not None:
+            self.base_url, self.api_key = self._remote.base_url, self._remote.api_key
+        elif embedder is None:
             # The core checks the settings now (pure Python, loads nothing): a bad option fails
             # here, not at the first embedding.
             self._config()
@@ -129,6 +156,8 @@ class GPUPromptEmbedding(BaseEmbedding):
         return "GPUPromptEmbedding"
 
     def __repr__(self) -> str:
+        if self._remote is not None:
+            return f"GPUPromptEmbedding(model_name={self.model_name!r}, base_url={self._remote.shown_url!r})"
         quantize = f", quantize={self.quantize!r}" if self.quantize else ""
         return f"GPUPromptEmbedding(model_name={self.model_name!r}, device={self.device!r}{quantize})"
 
@@ -140,8 +169,14 @@ class GPUPromptEmbedding(BaseEmbedding):
         )
 
     @property
-    def embedder(self) -> Embedder:
-        """The core Embedder (the runtime's shared instance for this config, obtained on first use)."""
+    def embedder(self) -> Embedder | RemoteEmbedder:
+        """The core Embedder (the runtime's shared instance for this config, obtained on first use);
+        in remote mode a :class:`gpuprompt.remote.RemoteEmbedder` with the same interface."""
+        if self._embedder is None and self._remote is not None:
+            from gpuprompt.remote import shared_embedder
+
+            model = None if self.model_name == BUNDLED_EMBEDDING_MODEL else self.model_name
+            self._embedder = shared_embedder(self._remote, model)
         if self._embedder is None:
             from gpuprompt import get_runtime
 

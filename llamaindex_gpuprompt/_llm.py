@@ -5,6 +5,8 @@ Every call, sync or async, streaming or not, becomes one request in the engine, 
 ``aquery``/``achat`` calls are generated together; async methods await the engine directly. Tool
 calling and structured output are the core's (one prompt format, one parser, guided decoding on
 both backends); this class translates LlamaIndex types (:mod:`llamaindex_gpuprompt._llm_tools`).
+With ``base_url`` (or ``GPUPROMPT_URL``) the engine is a :class:`gpuprompt.remote.RemoteLLM` of a
+running ``gpuprompt serve``, with the same interface.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from llama_index.core.llms.llm import ToolSelection
 
 from gpuprompt.errors import ConfigurationError, InputTypeError, InvalidInputError, describe
 from gpuprompt.llm._policy import check_call_policy
+from gpuprompt.remote._config import resolve_remote
 from llamaindex_gpuprompt._common import check_options
 from llamaindex_gpuprompt._llm_structured import StructuredOutputMixin
 from llamaindex_gpuprompt._llm_tools import (
@@ -50,6 +53,7 @@ if TYPE_CHECKING:
     from llama_index.core.tools.types import BaseTool
 
     from gpuprompt.llm import GenerationRequest, GenerationResult, LLMEngine, StreamDelta, Usage
+    from gpuprompt.remote import RemoteConfig, RemoteLLM
 
 __all__ = ["GPUPromptLLM"]
 
@@ -164,6 +168,14 @@ class GPUPromptLLM(StructuredOutputMixin, FunctionCallingLLM):
         >>> Settings.llm = llm                                 # use it in every query engine
         >>> from llama_index.core.agent.workflow import FunctionAgent
         >>> agent = FunctionAgent(tools=[...], llm=llm)         # a tool-calling agent
+        >>> remote = GPUPromptLLM(base_url="http://127.0.0.1:8000", max_tokens=32)  # a gpuprompt serve
+
+    Remote mode: with ``base_url`` (or ``GPUPROMPT_URL``, and ``GPUPROMPT_API_KEY``) every call goes to
+    a running ``gpuprompt serve``, batched there with every other worker's; this process imports no
+    torch and loads no model. Everything above works the same, with the same typed errors (a busy
+    server raises ``QueueFullError`` with ``retry_after``). ``backend``, ``device``,
+    ``engine_options``, ``engine`` and ``truncate='left'`` configure a local engine and are refused
+    with it; ``max_model_len`` is what ``metadata.context_window`` reports.
 
     Args:
         model: a local model folder, a ``.gguf`` file, a hub id available offline, or None for
@@ -171,6 +183,8 @@ class GPUPromptLLM(StructuredOutputMixin, FunctionCallingLLM):
         engine: an already built :class:`gpuprompt.LLMEngine` to use instead of the runtime's
             shared one (then ``backend``, ``device``, ``max_model_len`` and ``engine_options``
             are ignored).
+        base_url: a running ``gpuprompt serve`` (remote mode); None reads ``GPUPROMPT_URL``.
+        api_key: that server's API key; None reads ``GPUPROMPT_API_KEY`` with ``GPUPROMPT_URL``.
         **kwargs: the fields below and those of ``LLM`` (``system_prompt``, ``callback_manager``, ...).
     """
 
@@ -204,7 +218,14 @@ class GPUPromptLLM(StructuredOutputMixin, FunctionCallingLLM):
         "agents over small models that answer in prose too early; end such a loop with a return_direct tool).",
     )
 
-    _engine: LLMEngine | None = PrivateAttr(default=None)
+    base_url: str | None = Field(
+        default=None, description="A running gpuprompt serve to generate on (remote mode); None: GPUPROMPT_URL or "
+        "in process."
+    )
+    api_key: str | None = Field(default=None, exclude=True, repr=False, description="The server's API key (remote mode).")
+
+    _engine: LLMEngine | RemoteLLM | None = PrivateAttr(default=None)
+    _remote: RemoteConfig | None = PrivateAttr(default=None)
 
     def __init__(self, model: str | None = None, *, engine: LLMEngine | None = None, **kwargs: Any) -> None:
         if engine is not None:
@@ -216,6 +237,16 @@ class GPUPromptLLM(StructuredOutputMixin, FunctionCallingLLM):
         check_options("engine_options", kwargs.get("engine_options"), ("model", "backend", "device", "max_model_len"))
         super().__init__(model=model, **kwargs)
         check_call_policy(self.timeout, self.max_retries)
+        self._remote = resolve_remote(
+            self.base_url,
+            self.api_key,
+            owner="GPUPromptLLM",
+            local_options={"backend": (self.backend, "auto"), "device": (self.device, "auto"),
+                           "engine_options": (self.engine_options, {}), "engine": (engine, None),
+                           "truncate": (self.truncate, "error")},
+        )
+        if self._remote is not None:
+            self.base_url, self.api_key = self._remote.base_url, self._remote.api_key
         self._engine = engine
 
     @classmethod
@@ -223,12 +254,19 @@ class GPUPromptLLM(StructuredOutputMixin, FunctionCallingLLM):
         return "GPUPromptLLM"
 
     def __repr__(self) -> str:
+        if self._remote is not None:
+            return f"GPUPromptLLM(model={self.model!r}, base_url={self._remote.shown_url!r}, max_tokens={self.max_tokens})"
         return f"GPUPromptLLM(model={self.model!r}, backend={self.backend!r}, max_tokens={self.max_tokens})"
 
     # ------------------------------------------------------------------ the core object
     @property
-    def engine(self) -> LLMEngine:
-        """The core LLMEngine (the runtime's shared engine for this config, obtained on first use)."""
+    def engine(self) -> LLMEngine | RemoteLLM:
+        """The core LLMEngine (the runtime's shared engine for this config, obtained on first use); in
+        remote mode a :class:`gpuprompt.remote.RemoteLLM` with the same interface."""
+        if self._engine is None and self._remote is not None:
+            from gpuprompt.remote import shared_llm
+
+            self._engine = shared_llm(self._remote, self.model, context_window=self.max_model_len)
         if self._engine is None:
             from gpuprompt import get_runtime
 

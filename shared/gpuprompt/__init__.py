@@ -29,6 +29,7 @@ if TYPE_CHECKING:
         Usage,
     )
     from gpuprompt.pipeline import RAGAnswer, RAGPipeline, StageTimings
+    from gpuprompt.remote import RemoteConfig, RemoteEmbedder, RemoteLLM
     from gpuprompt.runtime import Runtime, get_runtime, resolve_device
 
 _EXPORTS: dict[str, str] = {
@@ -59,6 +60,9 @@ _EXPORTS: dict[str, str] = {
     "RAGAnswer": "gpuprompt.pipeline",
     "RAGPipeline": "gpuprompt.pipeline",
     "StageTimings": "gpuprompt.pipeline",
+    "RemoteConfig": "gpuprompt.remote",
+    "RemoteEmbedder": "gpuprompt.remote",
+    "RemoteLLM": "gpuprompt.remote",
     "Runtime": "gpuprompt.runtime",
     "get_runtime": "gpuprompt.runtime",
     "resolve_device": "gpuprompt.runtime",

@@ -47,8 +47,9 @@ class RemoteLLM:
 
     The request's messages, ``max_tokens``, ``temperature``, ``top_p``, ``stop`` and ``seed`` are
     sent to ``POST {base_url}/chat/completions``; the fleet does its own batching and truncation.
-    HTTP errors map into the core's tree: 400 -> ``InvalidInputError`` (``ContextLengthError`` for
-    ``context_length_exceeded``), 429 -> ``QueueFullError``, anything else -> ``EngineError``.
+    HTTP errors map into the core's tree as in :func:`gpuprompt.remote.error_from_status` (400 ->
+    ``InvalidInputError`` or ``ContextLengthError``, 429 -> ``QueueFullError`` with ``retry_after``,
+    a dead server -> ``EngineDeadError``, ...).
 
     Args:
         base_url: the API root, for example ``"http://router:8000/v1"``.
@@ -79,8 +80,9 @@ class RemoteLLM:
 
         import httpx
 
-        from gpuprompt.errors import ContextLengthError, EngineError, InvalidInputError, QueueFullError
+        from gpuprompt.errors import EngineError, InvalidInputError
         from gpuprompt.llm import GenerationResult, Timings, Usage
+        from gpuprompt.remote import error_from_status
 
         if request.messages is None:
             raise InvalidInputError("RemoteLLM sends chat messages only; pass 'messages', not 'prompt'.")
@@ -106,18 +108,7 @@ class RemoteLLM:
             raise EngineError(f"the LLM server at {self.base_url} failed: {type(exc).__name__}: {exc}") from exc
         elapsed = time.perf_counter() - started
         if reply.status_code != 200:
-            try:
-                error = reply.json().get("error") or {}
-            except ValueError:
-                error = {}
-            message = f"the LLM server answered {reply.status_code}: {error.get('message') or reply.text[:300]}"
-            if reply.status_code == 400:
-                if error.get("code") == "context_length_exceeded":
-                    raise ContextLengthError(message)
-                raise InvalidInputError(message)
-            if reply.status_code == 429:
-                raise QueueFullError(message)
-            raise EngineError(message)
+            raise error_from_status(reply.status_code, reply.content, reply.headers, self.base_url)
         data = reply.json()
         choice = data["choices"][0]
         usage = data.get("usage") or {}

@@ -29,7 +29,7 @@ import pytest
 
 from gpuprompt.errors import ConfigurationError, EngineError, InvalidInputError, QueueFullError
 from gpuprompt.llm import GenerationRequest, LLMEngine
-from gpuprompt.llm._remote import api_root, error_from_status
+from gpuprompt.llm._remote import api_root, error_from_status, redact
 
 HAS_VLLM = importlib.util.find_spec("vllm") is not None
 HAS_SERVER = importlib.util.find_spec("fastapi") is not None and importlib.util.find_spec("uvicorn") is not None
@@ -215,6 +215,8 @@ class _Recorder(BaseHTTPRequestHandler):
     seen: ClassVar[list[dict[str, Any]]] = []
     status: ClassVar[int] = 200
     server_: ClassVar[Any] = None
+    model_id: ClassVar[str] = "HuggingFaceTB/SmolLM2-135M-Instruct"
+    cut_short: ClassVar[bool] = False
 
     def log_message(self, *args: Any) -> None:
         pass
@@ -228,7 +230,7 @@ class _Recorder(BaseHTTPRequestHandler):
         self.wfile.write(body)
 
     def do_GET(self) -> None:
-        cards = {"object": "list", "data": [{"id": "echo", "object": "model", "owned_by": "test"}]}
+        cards = {"object": "list", "data": [{"id": self.model_id, "object": "model", "owned_by": "test"}]}
         self._reply(200, json.dumps(cards).encode(), {"Content-Type": "application/json"})
 
     def do_POST(self) -> None:
@@ -240,6 +242,10 @@ class _Recorder(BaseHTTPRequestHandler):
                                                                   "Content-Type": "application/json"})
             return
         events = [{"choices": [{"index": 0, "text": piece, "finish_reason": None}]} for piece in ("hello", " world")]
+        if self.cut_short:  # a proxy that closed the stream cleanly when its backend died
+            stream = "".join(f"data: {json.dumps(e)}\n\n" for e in events)
+            self._reply(200, stream.encode(), {"Content-Type": "text/event-stream"})
+            return
         events.append({"choices": [{"index": 0, "text": "", "finish_reason": "stop"}]})
         events.append({"choices": [], "usage": {"prompt_tokens": len(body["prompt"]), "completion_tokens": 2}})
         stream = "".join(f"data: {json.dumps(e)}\n\n" for e in events) + "data: [DONE]\n\n"
@@ -248,7 +254,7 @@ class _Recorder(BaseHTTPRequestHandler):
 
 @pytest.fixture()
 def recorder() -> Iterator[tuple[str, type[_Recorder]]]:
-    handler = type("Recorder", (_Recorder,), {"seen": [], "status": 200})
+    handler = type("Recorder", (_Recorder,), {"seen": [], "status": 200, "cut_short": False})
     server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
@@ -304,15 +310,31 @@ def test_server_gone_is_an_engine_error_without_a_hang(recorder) -> None:
     assert time.monotonic() - started < 20
 
 
+def test_a_server_of_another_model_is_refused_at_load(recorder) -> None:
+    url, handler = recorder
+    handler.model_id = "meta-llama/Llama-3.1-8B-Instruct"
+    with pytest.raises(ConfigurationError, match="Llama-3.1-8B-Instruct"):
+        LLMEngine(backend="remote", base_url=url).load()
+
+
+def test_a_stream_cut_short_is_an_error_not_a_short_answer(recorder) -> None:
+    url, handler = recorder
+    handler.cut_short = True
+    with LLMEngine(backend="remote", base_url=url) as engine, pytest.raises(EngineError, match="before it finished"):
+        engine.generate([GenerationRequest(messages=ASK, max_tokens=4)])
+
+
 def test_error_mapping_by_status() -> None:
     body = {"error": {"message": "bad thing", "type": "invalid_request_error"}}
     assert isinstance(error_from_status(400, body), InvalidInputError)
     assert "bad thing" in str(error_from_status(400, json.dumps(body)))
-    assert isinstance(error_from_status(401, body), ConfigurationError)
+    assert isinstance(error_from_status(401, body), EngineError)  # the server's configuration, not the request's
     assert type(error_from_status(500, "oops")) is EngineError
     assert type(error_from_status(502, b"")) is EngineError
     assert error_from_status(429, body, {"retry-after": "3"}).retry_after == 3.0
     assert api_root("http://h:1") == "http://h:1/v1" and api_root("http://h:1/v1/") == "http://h:1/v1"
+    assert redact("http://user:tok@h:1/v1") == "http://h:1/v1"
+    assert "tok" not in str(error_from_status(500, "oops", None, "http://user:tok@h:1/v1"))
 
 
 def test_remote_config_and_session_id_validation(monkeypatch) -> None:

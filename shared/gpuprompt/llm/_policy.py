@@ -33,6 +33,10 @@ MAX_TIMEOUT_S = 7 * 24 * 3600.0
 MAX_RETRIES = 100
 
 
+MAX_RETRY_AFTER_S = 60.0
+"""The longest wait a server's ``Retry-After`` can impose on one retry."""
+
+
 @dataclass(frozen=True)
 class CallPolicy:
     """How long one call may take and how often it is retried.
@@ -63,6 +67,14 @@ class CallPolicy:
         """No timeout and no retries: the call can take the direct path."""
         return self.timeout is None and self.max_retries == 0
 
+    def _delay(self, exc: Exception, attempt: int) -> float:
+        """Seconds before the next attempt: the backoff, or longer when a server said when to retry."""
+        wait = self.backoff * 2**attempt
+        retry_after = getattr(exc, "retry_after", None)
+        if isinstance(retry_after, (int, float)) and retry_after > wait:
+            wait = min(float(retry_after), MAX_RETRY_AFTER_S)
+        return wait
+
     def run_blocking(self, call: Callable[[], T]) -> T:
         """Call ``call()`` with this policy's retries on the calling thread (no timeout: a sync
         call with a timeout goes through :func:`gpuprompt._bridge.run_sync` and :meth:`run`)."""
@@ -72,7 +84,7 @@ class CallPolicy:
             except (QueueFullError, EngineError) as exc:
                 if isinstance(exc, (EngineDeadError, ClosedError)) or attempt == self.max_retries:
                     raise
-                time.sleep(self.backoff * 2**attempt)
+                time.sleep(self._delay(exc, attempt))
         raise AssertionError("unreachable")  # pragma: no cover
 
     async def run(self, call: Callable[[], Awaitable[T]]) -> T:
@@ -91,7 +103,7 @@ class CallPolicy:
             except (QueueFullError, EngineError) as exc:
                 if isinstance(exc, (EngineDeadError, ClosedError)) or attempt == self.max_retries:
                     raise
-                await asyncio.sleep(self.backoff * 2**attempt)
+                await asyncio.sleep(self._delay(exc, attempt))
         raise AssertionError("unreachable")  # pragma: no cover
 
 

@@ -30,6 +30,8 @@ from gpuprompt.errors import (
 )
 from gpuprompt.llm._backend import Backend
 from gpuprompt.llm._job import Job
+from gpuprompt.models import BUNDLED_CHAT_MODEL
+from gpuprompt.remote._errors import api_root, error_from_status, redact
 
 __all__ = ["RemoteBackend"]
 
@@ -44,62 +46,6 @@ PROBE_TIMEOUT_S = 30.0
 MAX_CONNECTIONS = 1024
 _CLOSE_TIMEOUT_S = 30.0
 _FINISH_REASONS = {"stop": "stop", "length": "length", "abort": "abort", "eos": "stop"}
-
-
-def api_root(base_url: str) -> str:
-    """The ``/v1`` root of a server given as ``http://host:port`` or ``http://host:port/v1``."""
-    root = base_url.rstrip("/")
-    return root if root.endswith("/v1") else f"{root}/v1"
-
-
-def error_from_status(status: int, body: Any, headers: Any = None, url: str = "") -> Exception:
-    """The typed error for an HTTP error answer (OpenAI envelope ``{"error": {...}}`` or text).
-
-    429 -> ``QueueFullError`` (with ``retry_after`` seconds when the server sent one), 400/404/413/
-    422 -> ``InvalidInputError`` with the server's message, 401/403 -> ``ConfigurationError``
-    (the API key), 408/504 -> ``RequestTimeoutError``, anything else -> ``EngineError``.
-    """
-    message = _message_of(body)
-    where = f"the LLM server at {url}" if url else "the LLM server"
-    text = f"{where} answered {status}: {message}"
-    if status == 429:
-        retry_after = _retry_after(headers)
-        suffix = f" (retry after {retry_after:g} s)" if retry_after is not None else ""
-        return QueueFullError(text + suffix, retry_after=retry_after)
-    if status in (400, 404, 413, 422):
-        return InvalidInputError(text)
-    if status in (401, 403):
-        return ConfigurationError(f"{text}; pass the server's key as api_key= (or GPUPROMPT_API_KEY).")
-    if status in (408, 504):
-        return RequestTimeoutError(text)
-    return EngineError(text)
-
-
-def _message_of(body: Any) -> str:
-    if isinstance(body, (bytes, bytearray)):
-        body = body.decode("utf-8", "replace")
-    if isinstance(body, str):
-        try:
-            body = json.loads(body)
-        except ValueError:
-            return body.strip()[:1000] or "(no message)"
-    if isinstance(body, dict):
-        error = body.get("error", body)
-        if isinstance(error, dict):
-            return str(error.get("message") or error.get("detail") or error)[:2000]
-        if isinstance(body.get("detail"), (str, list)):
-            return str(body["detail"])[:2000]
-        return str(error)[:2000]
-    return str(body)[:1000]
-
-
-def _retry_after(headers: Any) -> float | None:
-    value = headers.get("retry-after") if headers is not None else None
-    try:
-        seconds = float(value) if value is not None else None
-    except ValueError:
-        return None
-    return seconds if seconds is not None and seconds >= 0 else None
 
 
 class RemoteBackend(Backend):
@@ -136,14 +82,14 @@ class RemoteBackend(Backend):
         """Whether prompts go as token ids (not to ``gpuprompt serve``, which refuses them)."""
 
     def __repr__(self) -> str:
-        return f"<RemoteBackend {self.root!r} server={self.server_kind} model={self.served_model!r}>"
+        return f"<RemoteBackend {redact(self.root)!r} server={self.server_kind} model={self.served_model!r}>"
 
     @property
     def capabilities(self) -> dict[str, Any]:
         capabilities = super().capabilities
         capabilities["prefix_cache"] = self.server_kind == "vllm"
         capabilities["server"] = self.server_kind
-        capabilities["base_url"] = self.root
+        capabilities["base_url"] = redact(self.root)
         return capabilities
 
     # ------------------------------------------------------------------ start
@@ -176,7 +122,7 @@ class RemoteBackend(Backend):
             )
 
         self._client = asyncio.run_coroutine_threadsafe(make_client(), loop).result(_CLOSE_TIMEOUT_S)
-        logger.info("remote LLM backend at %s (%s server, model %r)", self.root, self.server_kind, self.served_model)
+        logger.info("remote LLM backend at %s (%s server, model %r)", redact(self.root), self.server_kind, self.served_model)
 
     def _probe(self, httpx: Any) -> list[dict[str, Any]]:
         """``GET /v1/models``: the server is up, speaks the API, and serves which models."""
@@ -186,7 +132,7 @@ class RemoteBackend(Backend):
                                                                                   connect=CONNECT_TIMEOUT_S))
         except httpx.HTTPError as exc:
             raise EngineError(
-                f"could not reach the LLM server at {url} ({type(exc).__name__}: {exc}); start it or fix base_url."
+                f"could not reach the LLM server at {redact(url)} ({type(exc).__name__}); start it or fix base_url."
             ) from exc
         if reply.status_code != 200:
             raise error_from_status(reply.status_code, reply.content, reply.headers, url)
@@ -194,27 +140,28 @@ class RemoteBackend(Backend):
             data = reply.json()["data"]
             return [card for card in data if isinstance(card, dict) and isinstance(card.get("id"), str)]
         except (ValueError, KeyError, TypeError) as exc:
-            raise EngineError(f"{url} did not answer an OpenAI model list; is base_url an OpenAI-compatible API?") \
+            raise EngineError(f"{redact(url)} did not answer an OpenAI model list; is base_url an OpenAI-compatible API?") \
                 from exc
 
     def _choose_model(self, cards: list[dict[str, Any]]) -> None:
         owners = {str(card.get("owned_by", "")) for card in cards}
         self.server_kind = "vllm" if "vllm" in owners else "gpuprompt" if "gpuprompt" in owners else "openai"
         self.token_id_prompts = self.server_kind != "gpuprompt"
-        wanted = {self.config.model, self.model_path} - {None}
+        wanted = {self.config.model or BUNDLED_CHAT_MODEL, self.model_path} - {None}
         tails = {str(name).rstrip("/").rsplit("/", 1)[-1] for name in wanted}
         chosen = next((c for c in cards if c["id"] in wanted), None) or next(
             (c for c in cards if c["id"].rstrip("/").rsplit("/", 1)[-1] in tails), None
         )
         if chosen is None:
-            # The server's own default model; the caller vouches that it is the same model.
             if cards:
-                logger.warning(
-                    "the LLM server at %s serves %s, none named like %r; its default model is used and must be "
-                    "the same model (the prompts are rendered with the local tokenizer)",
-                    self.root, [c["id"] for c in cards], self.config.model or self.model_path,
+                # Prompts are rendered and counted with the local tokenizer: another model would get ids of
+                # the wrong vocabulary and answer garbage with status 200. Refuse to start instead.
+                raise ConfigurationError(
+                    f"the LLM server at {redact(self.root)} serves {[c['id'] for c in cards]}, none of them "
+                    f"{self.config.model or BUNDLED_CHAT_MODEL!r}; pass model= (gpuprompt serve: --chat-model) the "
+                    "served model's id or a local copy of it: its tokenizer renders the prompts here."
                 )
-            self.served_model = None
+            self.served_model = None  # a server that lists no models: its default model
         else:
             self.served_model = chosen["id"]
             limit = chosen.get("max_model_len")
@@ -325,6 +272,7 @@ class RemoteBackend(Backend):
         url = f"{self.root}/completions"
         tokens = cached = 0
         reason = "length"
+        ended = False  # [DONE] or a finish_reason arrived: the reply is whole
         try:
             async with self._client.stream("POST", url, json=body, headers=self._request_headers(job)) as reply:
                 if reply.status_code != 200:
@@ -335,6 +283,7 @@ class RemoteBackend(Backend):
                         continue
                     data = line[5:].strip()
                     if data == "[DONE]":
+                        ended = True
                         break
                     chunk = json.loads(data)
                     if "error" in chunk and not chunk.get("choices"):
@@ -348,11 +297,17 @@ class RemoteBackend(Backend):
                             job.push_text(text)
                         if choice.get("finish_reason"):
                             reason = _FINISH_REASONS.get(str(choice["finish_reason"]), "stop")
+                            ended = True
                     usage = chunk.get("usage")
                     if usage:
                         tokens = int(usage.get("completion_tokens") or 0)
                         details = usage.get("prompt_tokens_details") or {}
                         cached = int(details.get("cached_tokens") or 0) if isinstance(details, dict) else 0
+            if not ended:
+                raise EngineError(
+                    f"the LLM server at {redact(self.root)} ended request {job.request_id}'s stream before it "
+                    "finished (no finish_reason, no [DONE]): the reply may be cut short; retry it."
+                )
             job.finish(reason, tokens, cached)
         except asyncio.CancelledError:
             # Leaving the ``async with`` closed the connection: the server aborts the request.
@@ -360,13 +315,14 @@ class RemoteBackend(Backend):
         except (QueueFullError, InvalidInputError, EngineError, ConfigurationError, RequestTimeoutError) as exc:
             job.fail(exc)
         except httpx.TimeoutException as exc:
-            job.fail(EngineError(f"the LLM server at {self.root} did not answer request {job.request_id} in time "
-                                 f"({type(exc).__name__})."))
+            job.fail(EngineError(f"the LLM server at {redact(self.root)} did not answer request {job.request_id} "
+                                 f"in time ({type(exc).__name__})."))
         except httpx.HTTPError as exc:
-            job.fail(EngineError(f"the LLM server at {self.root} failed on request {job.request_id}: "
+            job.fail(EngineError(f"the LLM server at {redact(self.root)} failed on request {job.request_id}: "
                                  f"{type(exc).__name__}: {exc}"))
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
-            job.fail(EngineError(f"the LLM server at {self.root} sent a malformed stream for {job.request_id}: {exc!r}"))
+            job.fail(EngineError(f"the LLM server at {redact(self.root)} sent a malformed stream for "
+                                 f"{job.request_id}: {exc!r}"))
         finally:
             with self._jobs_lock:
                 self._jobs.discard(job)
