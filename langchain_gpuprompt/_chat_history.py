@@ -3,6 +3,8 @@
 Each message is embedded once, when added; ``relevant_messages`` then picks a session's past
 messages most similar to a query with one product on the device, never re-encoding history.
 Messages become turns exactly as :class:`ChatGPUPrompt` sends them to the engine (one translation).
+With ``base_url`` (or ``GPUPROMPT_URL``) the turns live in a running ``gpuprompt serve``, through
+:class:`gpuprompt.remote.RemoteContextCache`, instead of the runtime's ContextCache.
 """
 
 from __future__ import annotations
@@ -14,10 +16,14 @@ from langchain_core.chat_history import BaseChatMessageHistory
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, SystemMessage
 
 from gpuprompt._validate import INT64_MAX, check_int, check_str
-from gpuprompt.errors import InputTypeError, describe
+from gpuprompt.errors import ConfigurationError, InputTypeError, describe
+from gpuprompt.remote._config import resolve_remote
+from gpuprompt.remote._sessions import RemoteContextCache
 from langchain_gpuprompt._chat_models import _to_core_messages
 
 if TYPE_CHECKING:
+    from pydantic import SecretStr
+
     from gpuprompt.context import ContextCache, Turn
 
 __all__ = ["GPUPromptChatMessageHistory"]
@@ -71,31 +77,74 @@ class GPUPromptChatMessageHistory(BaseChatMessageHistory):
                 history_messages_key="history",
             )
 
+    Remote mode (the turns live in a running ``gpuprompt serve``, shared by every worker process
+    that names the same server and session id; this process imports no torch and loads no model):
+        .. code-block:: python
+
+            history = GPUPromptChatMessageHistory("customer-42", base_url="http://127.0.0.1:8000")
+            # or set GPUPROMPT_URL (and GPUPROMPT_API_KEY) and keep GPUPromptChatMessageHistory("customer-42")
+
+        The server embeds each message once and ranks :meth:`relevant_messages` on its device;
+        the session id may then be at most 1022 characters long.
+
     Args:
         session_id: the conversation's id; sessions never see each other's messages.
         context_cache: the cache to store turns in (default: the runtime's shared one,
             ``get_runtime().context_cache()``, so every history object -- and the LlamaIndex memory
-            block -- for the same session id reads the same turns in this process).
+            block -- for the same session id reads the same turns in this process); a
+            :class:`gpuprompt.remote.RemoteContextCache` works too.
+        base_url: a running ``gpuprompt serve`` to keep the turns in (remote mode); None reads
+            ``GPUPROMPT_URL``, and without it the turns stay in this process. Not with ``context_cache``.
+        api_key: that server's API key; None reads ``GPUPROMPT_API_KEY`` with ``GPUPROMPT_URL``.
+
+    Raises:
+        InputTypeError: ``session_id`` or ``context_cache`` has the wrong type.
+        InvalidInputError: ``session_id`` is empty, too long or not well-formed.
+        ConfigurationError: ``base_url`` or ``api_key`` together with ``context_cache``, an
+            ``api_key`` without a server, or a malformed URL or key.
     """
 
-    def __init__(self, session_id: str, *, context_cache: ContextCache | None = None) -> None:
+    def __init__(
+        self,
+        session_id: str,
+        *,
+        context_cache: ContextCache | RemoteContextCache | None = None,
+        base_url: str | None = None,
+        api_key: str | SecretStr | None = None,
+    ) -> None:
         from gpuprompt.context import ContextCache, check_session_id
 
         check_session_id(session_id)  # the cache's own rule: an id accepted here never fails there
         if context_cache is not None:
-            if not isinstance(context_cache, ContextCache):
+            if not isinstance(context_cache, (ContextCache, RemoteContextCache)):
                 raise InputTypeError(
-                    f"'context_cache' must be a gpuprompt.ContextCache or None (got {describe(context_cache)})."
+                    f"'context_cache' must be a gpuprompt.ContextCache, a gpuprompt.remote.RemoteContextCache or "
+                    f"None (got {describe(context_cache)})."
                 )
+            if base_url is not None or api_key is not None:
+                raise ConfigurationError(
+                    "GPUPromptChatMessageHistory got both 'context_cache' and 'base_url' / 'api_key': pass a "
+                    "context_cache to keep turns in it, or base_url (and api_key) to keep them in a gpuprompt serve."
+                )
+        else:
+            remote = resolve_remote(base_url, api_key, owner="GPUPromptChatMessageHistory")
+            if remote is not None:
+                context_cache = RemoteContextCache(remote)
+        if isinstance(context_cache, RemoteContextCache):
+            context_cache.check_session_id(session_id)  # the server's rule (its keys are "@/<id>")
         self.session_id = session_id
         self._cache = context_cache
 
     def __repr__(self) -> str:
+        if isinstance(self._cache, RemoteContextCache):
+            return (f"GPUPromptChatMessageHistory(session_id={self.session_id!r}, "
+                    f"base_url={self._cache.client.config.shown_url!r})")
         return f"GPUPromptChatMessageHistory(session_id={self.session_id!r})"
 
     @property
-    def context_cache(self) -> ContextCache:
-        """The ContextCache holding this session's turns."""
+    def context_cache(self) -> ContextCache | RemoteContextCache:
+        """The ContextCache holding this session's turns (in remote mode, the server's, through a
+        :class:`gpuprompt.remote.RemoteContextCache`)."""
         if self._cache is None:
             from gpuprompt.runtime import get_runtime
 
@@ -110,6 +159,9 @@ class GPUPromptChatMessageHistory(BaseChatMessageHistory):
 
     async def aget_messages(self) -> list[BaseMessage]:
         """Async :attr:`messages` (a read of in-memory turns: no model runs)."""
+        cache = self.context_cache
+        if isinstance(cache, RemoteContextCache):  # a request: never block the caller's loop
+            return _to_messages(await cache.aturns(self.session_id))
         return self.messages
 
     def relevant_messages(self, query: str, k: int = 4) -> list[BaseMessage]:
@@ -169,7 +221,11 @@ class GPUPromptChatMessageHistory(BaseChatMessageHistory):
 
     async def aclear(self) -> None:
         """Async :meth:`clear`."""
-        self.clear()
+        cache = self.context_cache
+        if isinstance(cache, RemoteContextCache):
+            await cache.aclear(self.session_id)
+        else:
+            self.clear()
 
 
 def _check_query(query: Any, k: Any) -> None:

@@ -1,7 +1,9 @@
 """GPUPromptContextMemoryBlock: a LlamaIndex ``Memory`` block over gpuprompt's ``ContextCache``.
 
 Turns flushed from short-term memory are embedded once, when stored; later reads pick a session's
-most relevant past turns with one product against the device-resident turn embeddings.
+most relevant past turns with one product against the device-resident turn embeddings. With
+``base_url`` (or ``GPUPROMPT_URL``) the turns live in a running ``gpuprompt serve``, through
+:class:`gpuprompt.remote.RemoteContextCache`, instead of the runtime's ContextCache.
 """
 
 from __future__ import annotations
@@ -16,7 +18,9 @@ from llama_index.core.bridge.pydantic import ConfigDict, Field, PrivateAttr, Val
 from llama_index.core.memory.memory import BaseMemoryBlock
 
 from gpuprompt._validate import INT64_MAX, check_str, configuration_error, fail
-from gpuprompt.errors import ConfigurationError, InputTypeError, describe
+from gpuprompt.errors import ConfigurationError, InputTypeError, InvalidInputError, describe
+from gpuprompt.remote._config import resolve_remote
+from gpuprompt.remote._sessions import RemoteContextCache
 
 if TYPE_CHECKING:
     from gpuprompt.context import ContextCache
@@ -65,12 +69,25 @@ class GPUPromptContextMemoryBlock(BaseMemoryBlock[str]):
         ...     memory_blocks=[GPUPromptContextMemoryBlock(max_turns=4)],
         ... )
         >>> # use `memory` in a chat engine or agent as usual
+        >>> shared = GPUPromptContextMemoryBlock(base_url="http://127.0.0.1:8000")  # a gpuprompt serve's turns
+
+    Remote mode: with ``base_url`` (or ``GPUPROMPT_URL``, and ``GPUPROMPT_API_KEY``) the turns live
+    in a running ``gpuprompt serve``, shared by every worker that names the same server and session
+    id (and with LangChain's ``GPUPromptChatMessageHistory`` there); the server embeds and ranks
+    them, this process imports no torch and loads no model. Session ids are then at most 1022
+    characters long.
 
     Args:
         context_cache: the :class:`gpuprompt.ContextCache` to use (default: the runtime's shared
             one, ``get_runtime().context_cache()``, so a session id sees the same turns here as in
-            LangChain's ``GPUPromptChatMessageHistory`` in this process).
+            LangChain's ``GPUPromptChatMessageHistory`` in this process); a
+            :class:`gpuprompt.remote.RemoteContextCache` works too. Not with ``base_url``.
         **kwargs: the fields below and those of ``BaseMemoryBlock``.
+
+    Raises:
+        ConfigurationError: a field of the wrong type or out of range, a ``context_cache`` of the
+            wrong type or together with ``base_url`` / ``api_key``, an ``api_key`` without a
+            server, or a malformed URL or key.
     """
 
     model_config = ConfigDict(extra="forbid", arbitrary_types_allowed=True)
@@ -95,8 +112,13 @@ class GPUPromptContextMemoryBlock(BaseMemoryBlock[str]):
     default_session_id: str = Field(
         default="default", description="Session used when the memory passes none (a bare block)."
     )
+    base_url: str | None = Field(
+        default=None,
+        description="A running gpuprompt serve to keep the turns in (remote mode); None: GPUPROMPT_URL or in process.",
+    )
+    api_key: str | None = Field(default=None, exclude=True, repr=False, description="The server's API key (remote mode).")
 
-    _cache: ContextCache | None = PrivateAttr(default=None)
+    _cache: ContextCache | RemoteContextCache | None = PrivateAttr(default=None)
 
     @field_validator("turn_template")
     @classmethod
@@ -128,23 +150,42 @@ class GPUPromptContextMemoryBlock(BaseMemoryBlock[str]):
 
         return check_session_id(value, "default_session_id")
 
-    def __init__(self, *, context_cache: ContextCache | None = None, **kwargs: Any) -> None:
+    def __init__(self, *, context_cache: ContextCache | RemoteContextCache | None = None, **kwargs: Any) -> None:
         if context_cache is not None:
             from gpuprompt.context import ContextCache
 
-            if not isinstance(context_cache, ContextCache):
+            if not isinstance(context_cache, (ContextCache, RemoteContextCache)):
                 raise ConfigurationError(
-                    f"'context_cache' must be a gpuprompt.ContextCache or None (got {describe(context_cache)})."
+                    f"'context_cache' must be a gpuprompt.ContextCache, a gpuprompt.remote.RemoteContextCache or "
+                    f"None (got {describe(context_cache)})."
                 )
         try:
             super().__init__(**kwargs)
         except ValidationError as exc:  # a field of the wrong type: our typed error, naming it
             raise configuration_error(exc, "GPUPromptContextMemoryBlock") from exc
+        if context_cache is not None:
+            if self.base_url is not None or self.api_key is not None:
+                raise ConfigurationError(
+                    "GPUPromptContextMemoryBlock got both 'context_cache' and 'base_url' / 'api_key': pass a "
+                    "context_cache to keep turns in it, or base_url (and api_key) to keep them in a gpuprompt serve."
+                )
+        else:
+            remote = resolve_remote(self.base_url, self.api_key, owner="GPUPromptContextMemoryBlock")
+            if remote is not None:
+                self.base_url, self.api_key = remote.base_url, remote.api_key
+                context_cache = RemoteContextCache(remote)
+        if isinstance(context_cache, RemoteContextCache):
+            # The server's rule (its keys are "@/<id>"): a default accepted here never fails there.
+            try:
+                context_cache.check_session_id(self.default_session_id, "default_session_id")
+            except InvalidInputError as exc:  # a field, as in process: a configuration error
+                raise ConfigurationError(str(exc)) from None
         self._cache = context_cache
 
     @property
-    def context_cache(self) -> ContextCache:
-        """The core ContextCache holding the turns (the runtime's shared one unless given)."""
+    def context_cache(self) -> ContextCache | RemoteContextCache:
+        """The core ContextCache holding the turns (the runtime's shared one unless given; in remote
+        mode the server's, through a :class:`gpuprompt.remote.RemoteContextCache`)."""
         if self._cache is None:
             from gpuprompt.runtime import get_runtime
 
@@ -163,9 +204,7 @@ class GPUPromptContextMemoryBlock(BaseMemoryBlock[str]):
         """
         _messages(messages)
         if session_id is not None:
-            from gpuprompt.context import check_session_id
-
-            check_session_id(session_id)
+            self._check_session_id(session_id, "session_id")
         await super().aput(messages, from_short_term_memory=from_short_term_memory, session_id=session_id)
 
     async def _aget(self, messages: list[ChatMessage] | None = None, **block_kwargs: Any) -> str:
@@ -184,6 +223,12 @@ class GPUPromptContextMemoryBlock(BaseMemoryBlock[str]):
         """The session a call or message names (None or "": the default), as the cache accepts it."""
         if value is None or (isinstance(value, str) and not value):
             return self.default_session_id
+        return self._check_session_id(value, name)
+
+    def _check_session_id(self, value: Any, name: str) -> str:
+        """The cache's rule for a session id (the server's, in remote mode)."""
+        if isinstance(self._cache, RemoteContextCache):
+            return self._cache.check_session_id(value, name)
         from gpuprompt.context import check_session_id
 
         return check_session_id(value, name)

@@ -31,6 +31,7 @@ from gpuprompt.server._errors import ApiError, CatchAll, install_error_handlers
 from gpuprompt.server._gate import Gate
 from gpuprompt.server._http import json_response, until_disconnect
 from gpuprompt.server._metrics import CONTENT_TYPE_LATEST, Metrics
+from gpuprompt.server._sessions_api import add_session_routes
 from gpuprompt.server._token_ids import decode_token_ids
 
 if TYPE_CHECKING:
@@ -310,6 +311,7 @@ def _routes(app: FastAPI, server: _Server) -> None:
         )
 
     add_generation_routes(app, server)
+    add_session_routes(app, server)
 
     # ------------------------------------------------------------------ collections
     @app.get("/v1/collections", response_model=s.CollectionList, tags=["collections"])
