@@ -2,7 +2,9 @@
 
 The core :class:`~gpuprompt.AnswerCache` does the work (exact key first, then one device similarity
 search within the namespace; LRU and TTL bounds); this adapter maps ``llm_string`` to its namespace
-and LangChain's chat-prompt JSON to the text that is compared.
+and LangChain's chat-prompt JSON to the text that is compared. With ``base_url`` (or ``GPUPROMPT_URL``)
+the answers live in a running ``gpuprompt serve``, through :class:`gpuprompt.remote.RemoteAnswerCache`,
+shared by every worker; generations then travel as JSON (:func:`_to_json` / :func:`_from_json`).
 """
 
 from __future__ import annotations
@@ -14,16 +16,20 @@ from typing import TYPE_CHECKING, Any
 
 from langchain_core.caches import RETURN_VAL_TYPE, BaseCache
 from langchain_core.embeddings import Embeddings
-from langchain_core.outputs import Generation
+from langchain_core.messages import message_to_dict, messages_from_dict
+from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, Generation, GenerationChunk
 
 from gpuprompt._device import check_device
 from gpuprompt._validate import check_str, fail
 from gpuprompt.answer_cache import DEFAULT_MAX_ENTRIES, DEFAULT_TTL_SECONDS, AnswerCache
-from gpuprompt.errors import InputTypeError, describe
+from gpuprompt.errors import EngineError, InputTypeError, describe
+from gpuprompt.remote._answer_cache import RemoteAnswerCache
+from gpuprompt.remote._config import resolve_remote
 from langchain_gpuprompt._embeddings import GPUPromptEmbeddings
 
 if TYPE_CHECKING:
     import torch
+    from pydantic import SecretStr
 
 __all__ = ["GPUPromptSemanticCache"]
 
@@ -50,6 +56,19 @@ class GPUPromptSemanticCache(BaseCache):
             llm.invoke("What is your return policy?")    # generated, then cached
             llm.invoke("What's your return policy?")     # similar enough: served from the cache
 
+    Remote mode (one cache in a running ``gpuprompt serve``, shared by every worker process of the
+    app; this process imports no torch and loads no model):
+        .. code-block:: python
+
+            set_llm_cache(GPUPromptSemanticCache(base_url="http://127.0.0.1:8000", score_threshold=0.95))
+            # or set GPUPROMPT_URL (and GPUPROMPT_API_KEY) and keep GPUPromptSemanticCache()
+
+        The server embeds the prompts with its own embedder and bounds the cache (its
+        ``max_entries`` and ``ttl_seconds``); each cache object keeps its own ``score_threshold``.
+        Workers whose models have the same ``llm_string`` share answers; others never do.
+        Generations travel as JSON (their ``generation_info`` must be JSON), and :meth:`clear`
+        without ``llm_string`` clears the server's cache for every worker.
+
     Args:
         embedding: the embeddings for prompts (default: the runtime's shared embedder). With
             :class:`GPUPromptEmbeddings` its core embedder is used directly (batched, the prompt
@@ -59,9 +78,14 @@ class GPUPromptSemanticCache(BaseCache):
         ttl_seconds: an answer's lifetime in seconds (None: no expiry).
         device: where the prompt vectors of a non-gpuprompt ``embedding`` are kept (a gpuprompt
             embedder keeps them on its own device).
+        base_url: a running ``gpuprompt serve`` to keep the answers in (remote mode); None reads
+            ``GPUPROMPT_URL`` unless an ``embedding`` is given, and without it the answers stay in
+            this process. Not with ``embedding``, ``max_entries``, ``ttl_seconds`` or ``device``.
+        api_key: that server's API key; None reads ``GPUPROMPT_API_KEY`` with ``GPUPROMPT_URL``.
 
     Raises:
-        ConfigurationError: an option of the wrong type or range.
+        ConfigurationError: an option of the wrong type or range, an in-process option together
+            with a server, an ``api_key`` without one, or a malformed URL or key.
         InputTypeError: ``embedding`` is not a LangChain ``Embeddings``.
     """
 
@@ -73,7 +97,26 @@ class GPUPromptSemanticCache(BaseCache):
         max_entries: int = DEFAULT_MAX_ENTRIES,
         ttl_seconds: float | None = DEFAULT_TTL_SECONDS,
         device: str = "auto",
+        base_url: str | None = None,
+        api_key: str | SecretStr | None = None,
     ) -> None:
+        self._remote: RemoteAnswerCache | None = None
+        if embedding is None or base_url is not None or api_key is not None:  # a given embedding means in process
+            remote = resolve_remote(
+                base_url,
+                api_key,
+                owner="GPUPromptSemanticCache",
+                local_options={
+                    "embedding": (embedding, None),
+                    "max_entries": (max_entries, DEFAULT_MAX_ENTRIES),
+                    "ttl_seconds": (ttl_seconds, DEFAULT_TTL_SECONDS),
+                    "device": (device, "auto"),
+                },
+            )
+            if remote is not None:
+                self._remote = RemoteAnswerCache(remote, score_threshold=score_threshold)
+                self._embedding = None  # the server's, built on demand by `embeddings`
+                return
         check_device(device)
         if embedding is not None and not isinstance(embedding, Embeddings):
             raise fail(
@@ -92,6 +135,9 @@ class GPUPromptSemanticCache(BaseCache):
         )
 
     def __repr__(self) -> str:
+        if self._remote is not None:
+            return (f"<GPUPromptSemanticCache base_url={self._remote.client.config.shown_url!r} "
+                    f"score_threshold={self.score_threshold}>")
         return (
             f"<GPUPromptSemanticCache entries={len(self._answers)} score_threshold={self.score_threshold} "
             f"max_entries={self.max_entries}>"
@@ -100,29 +146,34 @@ class GPUPromptSemanticCache(BaseCache):
     @property
     def score_threshold(self) -> float:
         """The least cosine similarity that counts as the same prompt."""
-        return self._answers.score_threshold  # type: ignore[return-value]
+        return self.answer_cache.score_threshold  # type: ignore[return-value]
 
     @property
     def max_entries(self) -> int:
-        """Most answers kept."""
-        return self._answers.max_entries  # type: ignore[return-value]
+        """Most answers kept (in remote mode the server's bound, asked once)."""
+        return self.answer_cache.max_entries  # type: ignore[return-value]
 
     @property
     def ttl_seconds(self) -> float | None:
-        """An answer's lifetime in seconds (None: no expiry)."""
-        return self._answers.ttl_seconds
+        """An answer's lifetime in seconds (None: no expiry; in remote mode the server's, asked once)."""
+        return self.answer_cache.ttl_seconds
 
     @property
     def embeddings(self) -> Embeddings:
-        """The embeddings used for prompts."""
+        """The embeddings used for prompts (in remote mode, the server's)."""
         if self._embedding is None:
-            self._embedding = GPUPromptEmbeddings()
+            if self._remote is not None:
+                config = self._remote.client.config
+                self._embedding = GPUPromptEmbeddings(base_url=config.base_url, api_key=config.api_key)
+            else:
+                self._embedding = GPUPromptEmbeddings()
         return self._embedding
 
     @property
-    def answer_cache(self) -> AnswerCache[tuple[Generation, ...]]:
-        """The core cache holding the answers (its ``stats()`` count hits, misses and evictions)."""
-        return self._answers
+    def answer_cache(self) -> AnswerCache[tuple[Generation, ...]] | RemoteAnswerCache:
+        """The core cache holding the answers (its ``stats()`` count hits, misses and evictions);
+        in remote mode a :class:`gpuprompt.remote.RemoteAnswerCache` of the server's."""
+        return self._remote if self._remote is not None else self._answers
 
     # ------------------------------------------------------------------ sync
     def lookup(self, prompt: str, llm_string: str) -> RETURN_VAL_TYPE | None:
@@ -132,7 +183,10 @@ class GPUPromptSemanticCache(BaseCache):
             InputTypeError: ``prompt`` or ``llm_string`` is not a str.
             InvalidInputError: ``prompt`` or ``llm_string`` holds a lone surrogate.
         """
-        found = self._answers.lookup(prompt, llm_string, text=_search_text(prompt, llm_string))
+        text = _search_text(prompt, llm_string)
+        if self._remote is not None:
+            return _from_json(self._remote.lookup(prompt, llm_string, text=text))
+        found = self._answers.lookup(prompt, llm_string, text=text)
         return list(found) if found is not None else None
 
     def update(self, prompt: str, llm_string: str, return_val: RETURN_VAL_TYPE) -> None:
@@ -145,26 +199,46 @@ class GPUPromptSemanticCache(BaseCache):
                 cached changes.
         """
         text = _search_text(prompt, llm_string)
+        if self._remote is not None:
+            self._remote.update(prompt, llm_string, _to_json(_generations(return_val)), text=text)
+            return
         self._answers.update(prompt, llm_string, _generations(return_val), text=text)
 
-    def clear(self, **kwargs: Any) -> None:
-        """Forget every cached entry."""
-        self._answers.clear()
+    def clear(self, *, llm_string: str | None = None, **kwargs: Any) -> None:
+        """Forget every cached entry, or only those of ``llm_string`` (in remote mode: of the
+        server, for every worker).
+
+        Raises:
+            InputTypeError, InvalidInputError: ``llm_string`` is not a well-formed str or None.
+        """
+        if self._remote is not None:
+            self._remote.clear(llm_string)
+        else:
+            self._answers.clear(llm_string)
 
     # ------------------------------------------------------------------ async
     async def alookup(self, prompt: str, llm_string: str) -> RETURN_VAL_TYPE | None:
         """Async :meth:`lookup`: the prompt is embedded by the batched embedder, off the loop."""
-        found = await self._answers.alookup(prompt, llm_string, text=_search_text(prompt, llm_string))
+        text = _search_text(prompt, llm_string)
+        if self._remote is not None:
+            return _from_json(await self._remote.alookup(prompt, llm_string, text=text))
+        found = await self._answers.alookup(prompt, llm_string, text=text)
         return list(found) if found is not None else None
 
     async def aupdate(self, prompt: str, llm_string: str, return_val: RETURN_VAL_TYPE) -> None:
         """Async :meth:`update`."""
         text = _search_text(prompt, llm_string)
+        if self._remote is not None:
+            await self._remote.aupdate(prompt, llm_string, _to_json(_generations(return_val)), text=text)
+            return
         await self._answers.aupdate(prompt, llm_string, _generations(return_val), text=text)
 
-    async def aclear(self, **kwargs: Any) -> None:
+    async def aclear(self, *, llm_string: str | None = None, **kwargs: Any) -> None:
         """Async :meth:`clear`."""
-        self.clear()
+        if self._remote is not None:
+            await self._remote.aclear(llm_string)
+        else:
+            self.clear(llm_string=llm_string)
 
 
 class _EmbeddingsOnDevice:
@@ -202,6 +276,50 @@ def _generations(return_val: Any) -> tuple[Generation, ...]:
         if not isinstance(generation, Generation):
             raise InputTypeError(f"'return_val[{position}]' must be a Generation (got {describe(generation)}).")
     return tuple(return_val)
+
+
+_GENERATION_TYPES: dict[str, type[Generation]] = {
+    cls.__name__: cls for cls in (Generation, GenerationChunk, ChatGeneration, ChatGenerationChunk)
+}
+
+
+def _to_json(generations: tuple[Generation, ...]) -> list[dict[str, Any]]:
+    """Generations as the JSON a remote cache stores: class name, text or message, generation_info."""
+    out: list[dict[str, Any]] = []
+    for generation in generations:
+        name = type(generation).__name__
+        if _GENERATION_TYPES.get(name) is not type(generation):  # a subclass travels as its LangChain base
+            name = "ChatGeneration" if isinstance(generation, ChatGeneration) else "Generation"
+        item: dict[str, Any] = {"type": name, "generation_info": generation.generation_info}
+        if isinstance(generation, ChatGeneration):
+            item["message"] = message_to_dict(generation.message)
+        else:
+            item["text"] = generation.text
+        out.append(item)
+    return out
+
+
+def _from_json(value: Any) -> list[Generation] | None:
+    """The generations of a remote cache's JSON (None for a miss); only the four generation
+    classes and LangChain's message types are ever built from it."""
+    if value is None:
+        return None
+    try:
+        generations: list[Generation] = []
+        for item in value:
+            cls = _GENERATION_TYPES[item["type"]]
+            if issubclass(cls, ChatGeneration):
+                message = messages_from_dict([item["message"]])[0]
+                generations.append(cls(message=message, generation_info=item["generation_info"]))
+            else:
+                generations.append(cls(text=item["text"], generation_info=item["generation_info"]))
+        return generations
+    except (KeyError, TypeError, ValueError) as exc:  # pydantic's ValidationError is a ValueError
+        raise EngineError(
+            f"the remote cache answered an entry that is not a list of LangChain generations ({str(value)[:200]!r}); "
+            "was it written by another client under the same llm_string? Clear it with "
+            "cache.clear(llm_string=...)."
+        ) from exc
 
 
 def _search_text(prompt: Any, llm_string: Any) -> str:

@@ -1,7 +1,8 @@
 """LangChain ``VectorStore`` over gpuprompt's VectorIndex (pre-filtering, upsert, MMR, safe snapshots).
 
 The adapter converts LangChain documents to index records and back; search, filtering, MMR,
-batching of concurrent queries and persistence all live in the core index.
+batching of concurrent queries and persistence all live in the core index (in process, or a
+server collection through :class:`gpuprompt.remote.RemoteIndex`).
 """
 
 from __future__ import annotations
@@ -34,6 +35,8 @@ if TYPE_CHECKING:
     from gpuprompt.index import Hit, IndexLike, Record
 
 __all__ = ["GPUPromptVectorStore"]
+
+_UNSET = object()  # the default of an index option: any value given is one an in-process index takes
 
 
 class GPUPromptVectorStore(VectorStore):
@@ -91,6 +94,19 @@ class GPUPromptVectorStore(VectorStore):
             store.save_local("kb")
             store = GPUPromptVectorStore.load_local("kb", GPUPromptEmbeddings())
 
+    Remote mode (the index is a collection of a running ``gpuprompt serve``, shared by every
+    worker process; filters, MMR, upserts, deletes, async and typed errors as in process):
+        .. code-block:: python
+
+            store = GPUPromptVectorStore(
+                GPUPromptEmbeddings(base_url="http://127.0.0.1:8000"),  # or any Embeddings
+                base_url="http://127.0.0.1:8000", api_key="...", collection="kb",
+            )
+            # or set GPUPROMPT_URL (and GPUPROMPT_API_KEY) and pass collection="kb" only
+
+        ``delete()`` without ids drops the server collection; ``save_local`` writes a local
+        snapshot of its records. ``backend``, ``device`` and index options are refused there.
+
     Args:
         embedding: the LangChain embeddings used for documents and queries.
         index: an existing core index to wrap, any :class:`~gpuprompt.index.IndexLike` such as
@@ -98,11 +114,15 @@ class GPUPromptVectorStore(VectorStore):
         metric: ``"cosine"`` (default), ``"ip"`` or ``"l2"``.
         backend: ``"auto"``, ``"faiss"`` or ``"torch"``.
         device: ``"auto"``, ``"cpu"``, ``"cuda"``, ``"cuda:N"`` or ``"mps"``.
+        base_url: a running ``gpuprompt serve`` whose collection is the index (remote mode).
+        api_key: its API key (None reads ``GPUPROMPT_API_KEY`` when the server comes from ``GPUPROMPT_URL``).
+        collection: the server collection (remote mode; the server is ``base_url`` or ``GPUPROMPT_URL``).
         **index_options: further :class:`~gpuprompt.VectorIndex` options (``index_factory``, ...).
 
     Raises:
         ConfigurationError: an option the core index would refuse (checked now, by the core, so it
-            never fails the first add instead); ``index`` is not an :class:`~gpuprompt.index.IndexLike`.
+            never fails the first add instead); ``index`` is not an :class:`~gpuprompt.index.IndexLike`;
+            a server without a collection or the reverse, or an in-process option with a server.
     """
 
     def __init__(
@@ -113,6 +133,9 @@ class GPUPromptVectorStore(VectorStore):
         metric: str = "cosine",
         backend: str = "auto",
         device: str = "auto",
+        base_url: str | None = None,
+        api_key: str | None = None,
+        collection: str | None = None,
         **index_options: Any,
     ) -> None:
         if not isinstance(embedding, Embeddings):
@@ -121,6 +144,7 @@ class GPUPromptVectorStore(VectorStore):
                 f"(got {describe(embedding)})."
             )
         from gpuprompt.index import VectorIndex, check_index
+        from gpuprompt.remote._index import remote_index
 
         check_index(index, allow_none=True)
         if "dim" in index_options:
@@ -129,9 +153,16 @@ class GPUPromptVectorStore(VectorStore):
                 "dimension is taken from the embeddings' first vectors."
             )
         options: dict[str, Any] = {"metric": metric, "backend": backend, "device": device, **index_options}
-        # The core checks the options now, so a bad one fails here rather than at the first add,
-        # when the index is built (the dimension is only known then). Loads nothing.
-        VectorIndex.check_options(**options)
+        local = {"backend": (backend, "auto"), "device": (device, "auto")}
+        local.update((name, (value, _UNSET)) for name, value in index_options.items())
+        remote = remote_index(base_url, api_key, collection, owner="GPUPromptVectorStore", index=index, metric=metric,
+                              local_options=local)
+        if remote is not None:
+            index = remote  # connects at first use
+        else:
+            # The core checks the options now, so a bad one fails here rather than at the first add,
+            # when the index is built (the dimension is only known then). Loads nothing.
+            VectorIndex.check_options(**options)
         self.embedding = embedding
         self._index: IndexLike | None = index
         self._metric = index.metric if index is not None else metric
@@ -165,7 +196,11 @@ class GPUPromptVectorStore(VectorStore):
 
     @property
     def _device_embeddings(self) -> GPUPromptEmbeddings | None:
-        return self.embedding if isinstance(self.embedding, GPUPromptEmbeddings) else None
+        embedding = self.embedding
+        # Remote embeddings come back as host arrays: their tensors would only import torch here.
+        if isinstance(embedding, GPUPromptEmbeddings) and embedding.base_url is None:
+            return embedding
+        return None
 
     def embed_documents_matrix(self, texts: list[str]) -> Any:
         """``texts`` embedded as an ``(n, dim)`` matrix (a device tensor with gpuprompt embeddings)."""
@@ -201,8 +236,8 @@ class GPUPromptVectorStore(VectorStore):
         """The core embedder's identity (model, quantisation), recorded by the index at the first
         add: vectors of another gpuprompt embedder are then refused (``EmbedderMismatchError``).
         None for other Embeddings classes, whose vectors the index cannot tell apart."""
-        device = self._device_embeddings
-        return device.embedder.identity if device is not None else None
+        embedding = self.embedding
+        return embedding.embedder.identity if isinstance(embedding, GPUPromptEmbeddings) else None
 
     def _embedding_dim(self) -> int:
         device = self._device_embeddings

@@ -11,7 +11,7 @@ import threading
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
-from llama_index.core.bridge.pydantic import ConfigDict, Field, PrivateAttr, ValidationError
+from llama_index.core.bridge.pydantic import ConfigDict, Field, PrivateAttr, SecretStr, ValidationError
 from llama_index.core.schema import BaseNode, MetadataMode
 from llama_index.core.vector_stores.types import (
     DEFAULT_PERSIST_DIR,
@@ -102,6 +102,12 @@ class GPUPromptVectorStore(BasePydanticVectorStore):
         >>> store = GPUPromptVectorStore.from_persist_dir("./storage")
         >>> index = VectorStoreIndex.from_vector_store(store)
 
+    Remote mode: ``GPUPromptVectorStore(base_url="http://127.0.0.1:8000", api_key="...",
+    collection="kb")`` (or ``GPUPROMPT_URL`` and ``collection=`` only) keeps the nodes in a
+    collection of a running ``gpuprompt serve``, shared by every worker process, with the same
+    filters, MMR, deletes and typed errors (:class:`gpuprompt.remote.RemoteIndex`); ``clear``
+    drops the server collection and ``persist`` writes a local snapshot of it.
+
     Args:
         index: an existing core index to wrap: a :class:`gpuprompt.VectorIndex`, a
             :class:`gpuprompt.index.MilvusIndex` or any :class:`gpuprompt.index.IndexLike` (then
@@ -133,6 +139,15 @@ class GPUPromptVectorStore(BasePydanticVectorStore):
         allow_inf_nan=False,
         description="MMR: candidates fetched = similarity_top_k x this (at least 20).",
     )
+    base_url: str | None = Field(
+        default=None, description="A running gpuprompt serve whose collection holds the nodes (remote mode)."
+    )
+    api_key: SecretStr | None = Field(
+        default=None, description="Its API key (None reads GPUPROMPT_API_KEY when the server comes from GPUPROMPT_URL)."
+    )
+    collection: str | None = Field(
+        default=None, description="The server collection (remote mode; the server is base_url or GPUPROMPT_URL)."
+    )
 
     _index: IndexLike | None = PrivateAttr(default=None)
     _index_lock: threading.Lock = PrivateAttr(default_factory=threading.Lock)
@@ -149,6 +164,17 @@ class GPUPromptVectorStore(BasePydanticVectorStore):
             super().__init__(**kwargs)
         except ValidationError as exc:  # a field of the wrong type: our typed error, naming it
             raise configuration_error(exc, "GPUPromptVectorStore") from exc
+        from gpuprompt.remote._index import remote_index
+
+        local = {"backend": (self.backend, "auto"), "device": (self.device, "auto"),
+                 "index_options": (self.index_options, {})}
+        remote = remote_index(self.base_url, self.api_key, self.collection, owner="GPUPromptVectorStore", index=index,
+                              dim=self.dim, metric=self.metric, local_options=local)
+        if remote is not None:
+            index = remote  # connects at first use
+            self.base_url = remote.client.config.base_url
+            key = remote.client.config.api_key
+            self.api_key = SecretStr(key) if key is not None else None
         if index is None:
             from gpuprompt.index import VectorIndex
 
@@ -291,6 +317,8 @@ class GPUPromptVectorStore(BasePydanticVectorStore):
         import numpy as np
 
         index.add(ids, np.stack(vectors), documents=documents, metadatas=metadatas)
+        if self.dim is None:  # a given index (a server collection) learnt its dimension now
+            self.dim = index.dim
         return ids
 
     async def async_add(self, nodes: Sequence[BaseNode], **kwargs: Any) -> list[str]:

@@ -165,7 +165,9 @@ class AnswerCache(Generic[V]):
         return self._embedder
 
     # ------------------------------------------------------------------ sync
-    def lookup(self, prompt: str, namespace: str, *, text: str | None = None) -> V | None:
+    def lookup(
+        self, prompt: str, namespace: str, *, text: str | None = None, score_threshold: float | None = None
+    ) -> V | None:
         """The answer cached for ``prompt`` (or a similar enough prompt) in ``namespace``.
 
         Args:
@@ -173,16 +175,21 @@ class AnswerCache(Generic[V]):
             namespace: the model or settings the answer belongs to; namespaces never mix.
             text: what the similarity is measured on, when not the prompt itself (an adapter
                 passes the messages' text of a serialised chat prompt).
+            score_threshold: the least cosine similarity, in [-1, 1], for this lookup only
+                (default: the cache's ``score_threshold``); an exact repeat always hits. One cache
+                can so serve callers of different thresholds (``gpuprompt serve`` does).
 
         Raises:
             InputTypeError: ``prompt``, ``namespace`` or ``text`` is not a str.
-            InvalidInputError: one holds a lone surrogate.
+            InvalidInputError: one holds a lone surrogate, or ``score_threshold`` is not a number
+                in [-1, 1].
         """
         key, text = self._check(prompt, namespace, text)
+        threshold = self._threshold(score_threshold)
         found = self._exact(key)
         if found is not None or not self._has_space(namespace):
             return found
-        return self._similar(namespace, self._embed(text))
+        return self._similar(namespace, self._embed(text), threshold)
 
     def update(self, prompt: str, namespace: str, value: V, *, text: str | None = None) -> None:
         """Cache ``value`` for ``prompt`` in ``namespace`` (replacing an older entry); ``text`` as
@@ -191,13 +198,16 @@ class AnswerCache(Generic[V]):
         self._store(key, namespace, value, self._embed(text))
 
     # ------------------------------------------------------------------ async
-    async def alookup(self, prompt: str, namespace: str, *, text: str | None = None) -> V | None:
+    async def alookup(
+        self, prompt: str, namespace: str, *, text: str | None = None, score_threshold: float | None = None
+    ) -> V | None:
         """Async :meth:`lookup`: the prompt is embedded by the batched embedder, off the loop."""
         key, text = self._check(prompt, namespace, text)
+        threshold = self._threshold(score_threshold)
         found = self._exact(key)
         if found is not None or not self._has_space(namespace):
             return found
-        return self._similar(namespace, await self._aembed(text))
+        return self._similar(namespace, await self._aembed(text), threshold)
 
     async def aupdate(self, prompt: str, namespace: str, value: V, *, text: str | None = None) -> None:
         """Async :meth:`update`."""
@@ -243,6 +253,12 @@ class AnswerCache(Generic[V]):
         digest.update(prompt.encode("utf-8"))
         return digest.hexdigest(), prompt if text is None else text
 
+    def _threshold(self, score_threshold: Any) -> float:
+        """The threshold of one lookup: its own, checked, or the cache's."""
+        if score_threshold is None:
+            return self.score_threshold  # type: ignore[return-value]
+        return check_number(score_threshold, "score_threshold", min=-1.0, max=1.0)  # type: ignore[return-value]
+
     def _embed(self, prompt: str) -> torch.Tensor:
         return _unit(self.embedder.embed_tensor([prompt])[0])
 
@@ -275,13 +291,13 @@ class AnswerCache(Generic[V]):
             self._exact_hits += 1
             return entry.value
 
-    def _similar(self, namespace: str, query: torch.Tensor) -> V | None:
+    def _similar(self, namespace: str, query: torch.Tensor, threshold: float) -> V | None:
         with self._lock:
             now = self._clock()
             space = self._spaces.get(namespace)
             while space is not None:
                 key, score = space.best(query)
-                if key is None or score < self.score_threshold:
+                if key is None or score < threshold:
                     break
                 entry = self._live(key, now)
                 if entry is None:

@@ -109,3 +109,23 @@ def test_clock_is_probed_at_construction(embedder) -> None:
         AnswerCache(embedder, clock=lambda: float("nan"))
     with pytest.raises(ConfigurationError, match="'clock' raised"):
         AnswerCache(embedder, clock=lambda: 1 / 0)
+
+
+async def test_a_lookup_may_bring_its_own_threshold(embedder) -> None:
+    """``score_threshold=`` per lookup (one cache serving callers of several thresholds, as the
+    server does); the cache's own is the default and an exact repeat always hits."""
+    cache: AnswerCache[str] = AnswerCache(embedder, score_threshold=0.95)
+    cache.update("How long does delivery take?", "m", "2-4 days")
+    similar = "How many days does shipping take?"  # cosine ~0.71 under the bundled MiniLM
+    assert cache.lookup(similar, "m") is None
+    assert cache.lookup(similar, "m", score_threshold=0.6) == "2-4 days"
+    assert await cache.alookup(similar, "m", score_threshold=0.6) == "2-4 days"
+    assert await cache.alookup(similar, "m", score_threshold=0.9) is None
+    assert cache.lookup("How long does delivery take?", "m", score_threshold=1.0) == "2-4 days"
+    assert cache.lookup(similar, "other", score_threshold=-1.0) is None  # namespaces still never mix
+    for bad in (1.5, -2, float("nan"), True, "0.5"):
+        with pytest.raises(InvalidInputError, match="'score_threshold'"):
+            cache.lookup(similar, "m", score_threshold=bad)  # type: ignore[arg-type]
+        with pytest.raises(InvalidInputError, match="'score_threshold'"):
+            await cache.alookup(similar, "m", score_threshold=bad)  # type: ignore[arg-type]
+    assert cache.score_threshold == 0.95 and len(cache) == 1

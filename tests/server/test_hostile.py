@@ -324,6 +324,10 @@ def test_odd_collection_names_are_refused_not_500(http, name: str) -> None:
         ("DELETE", f"/v1/collections/{name}/sessions/s", None),
     ):
         response = http.request(method, path, json=payload)
+        if not response.request.url.path.startswith("/v1/collections/"):
+            # The client resolved '..' into another route (/v1/sessions/s): no collection was named.
+            assert response.status_code < 500, (method, path, response.text)
+            continue
         # 400 when the name reaches the route; 404/405 when the path no longer matches one.
         assert response.status_code in (400, 404, 405), (method, path, response.text)
         _error(response, response.status_code)

@@ -70,6 +70,7 @@ class RemoteEmbedder:
         self.client = client
         self.model = model
         self._model_id: str | None = None
+        self._identity: str | None = None
         self._dim: int | None = None
         self._lock = threading.Lock()
         self._closed = False
@@ -95,8 +96,11 @@ class RemoteEmbedder:
 
     @property
     def identity(self) -> str:
-        """Which embedder produces these vectors (the served model's id; vectors are L2-normalised)."""
-        return self.model_id
+        """Which embedder produces these vectors: the server's own identity (model, ``;int8`` when it
+        serves a quantised embedder), else the served model's id. Loads (asks the server) on first use."""
+        if self._identity is None:
+            self.load()
+        return self._identity or self.model_id
 
     @property
     def normalize(self) -> bool:
@@ -113,7 +117,7 @@ class RemoteEmbedder:
         """Ask the server which embedding model it serves (``GET /health``, ``GET /v1/models``);
         a ``model`` it does not serve raises ``ConfigurationError`` naming the served ones."""
         self._check_open()
-        if self._model_id is None:
+        if self._model_id is None or self._identity is None:
             models = self.client.request("GET", "/models")
             try:
                 health = self.client.request("GET", "/health")
@@ -125,7 +129,7 @@ class RemoteEmbedder:
     async def aload(self) -> RemoteEmbedder:
         """Async :meth:`load` (never blocks the caller's loop)."""
         self._check_open()
-        if self._model_id is None:
+        if self._model_id is None or self._identity is None:
             models = await self.client.arequest("GET", "/models")
             try:
                 health = await self.client.arequest("GET", "/health")
@@ -137,8 +141,10 @@ class RemoteEmbedder:
     def _choose(self, health: dict[str, Any], models: Any) -> None:
         chosen = _served_model(self.model, health.get("embedding_model"), _model_ids(models, self.client.root),
                                "embedding", self.client.root)
+        identity = health.get("embedder_identity")
         with self._lock:
             self._model_id = chosen
+            self._identity = identity if isinstance(identity, str) and identity else chosen
 
     def _check_open(self) -> None:
         if self._closed:

@@ -9,6 +9,7 @@ catches the same exceptions as in process::
                                                     back from the message)
     400     unsupported_parameter                   UnsupportedFeatureError (field = error.param)
     400     invalid_filter                          FilterError (path read back from the message)
+    400     dimension_mismatch / embedder_mismatch  DimensionMismatchError / EmbedderMismatchError
     400/413/422, 409                                InvalidInputError (the request; nothing was stored)
     401/403                                         EngineError naming api_key / GPUPROMPT_API_KEY
     404                                             EngineError naming base_url and the served models
@@ -37,6 +38,8 @@ from gpuprompt.errors import (
     ContextLengthError,
     DependencyError,
     DeviceOutOfMemoryError,
+    DimensionMismatchError,
+    EmbedderMismatchError,
     EngineDeadError,
     EngineError,
     FilterError,
@@ -107,6 +110,10 @@ def error_from_status(status: int, body: Any, headers: Any = None, url: str = ""
             return ContextLengthError(text, prompt_tokens=tokens, max_context=window)
         if code == "unsupported_parameter":
             return UnsupportedFeatureError(text, field=param, backend="remote")
+        if code == "dimension_mismatch":
+            return DimensionMismatchError(text)
+        if code == "embedder_mismatch":
+            return EmbedderMismatchError(text)
         if code == "invalid_filter":
             found = _FILTER_PATH_RE.search(text)
             return FilterError(text[: found.start()] if found else text, path=found.group(1) if found else "$")

@@ -24,6 +24,7 @@ from fastapi.responses import Response
 
 from gpuprompt.errors import ConfigurationError, ContextLengthError
 from gpuprompt.server import _schemas as s
+from gpuprompt.server._cache_api import add_cache_routes
 from gpuprompt.server._chat import add_generation_routes
 from gpuprompt.server._collections import COLLECTION_NAME_PATTERN, Collections
 from gpuprompt.server._config import ServerConfig
@@ -31,6 +32,7 @@ from gpuprompt.server._errors import ApiError, CatchAll, install_error_handlers
 from gpuprompt.server._gate import Gate
 from gpuprompt.server._http import json_response, until_disconnect
 from gpuprompt.server._metrics import CONTENT_TYPE_LATEST, Metrics
+from gpuprompt.server._records import add_record_routes
 from gpuprompt.server._sessions_api import add_session_routes
 from gpuprompt.server._token_ids import decode_token_ids
 
@@ -237,6 +239,7 @@ def _routes(app: FastAPI, server: _Server) -> None:
             s.HealthResponse(
                 chat_model=server.llm.model_name,
                 embedding_model=server.embedder.model_id,
+                embedder_identity=server.embedder.identity if server.loaded else None,
                 llm_backend=backend,
                 device=server.llm.device,
                 collections=len(server.collections),
@@ -311,7 +314,9 @@ def _routes(app: FastAPI, server: _Server) -> None:
         )
 
     add_generation_routes(app, server)
+    add_record_routes(app, server)
     add_session_routes(app, server)
+    add_cache_routes(app, server)
 
     # ------------------------------------------------------------------ collections
     @app.get("/v1/collections", response_model=s.CollectionList, tags=["collections"])

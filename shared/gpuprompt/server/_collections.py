@@ -24,7 +24,7 @@ import logging
 import re
 import threading
 import uuid
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -44,7 +44,15 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 
-__all__ = ["COLLECTION_NAME_PATTERN", "MILVUS_PREFIX", "Collection", "Collections", "milvus_collection", "server_name"]
+__all__ = [
+    "COLLECTION_NAME_PATTERN",
+    "MILVUS_PREFIX",
+    "Collection",
+    "Collections",
+    "milvus_collection",
+    "recorded_embedder",
+    "server_name",
+]
 
 COLLECTION_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
 """Collection names: 1-64 letters, digits, ``.``, ``_`` or ``-``, starting with a letter or digit."""
@@ -403,15 +411,98 @@ class Collections:
             InvalidInputError: the index refused the records; nothing stored changed (a new
                 collection is not kept).
         """
-        vectors = None
+
+        async def embed(collection: Collection) -> tuple[Any, str | None]:
+            return await self._embedder.aembed_tensor(documents), self._embedder.identity
+
+        return await self._upsert(name, ids, len(documents), embed, documents, metadatas)
+
+    async def upsert_vectors(
+        self,
+        name: str,
+        ids: list[str],
+        vectors: Any,
+        documents: list[str | None] | None,
+        metadatas: list[dict[str, Any] | None] | None,
+        *,
+        embedder: str | None,
+        allow_other_embedder: bool = False,
+    ) -> tuple[list[str], int]:
+        """Upsert records whose vectors a client computed (the raw-index routes of ``_records.py``).
+
+        The same caps, creation and data dir logging as :meth:`upsert`. A collection belongs to the
+        served embedder: its recorded embedder is the one that made its vectors, or the server's
+        own before any add named one. Vectors of another ``embedder`` are refused
+        (``EmbedderMismatchError``) unless ``allow_other_embedder``, and then never recorded, so
+        the collection (and a replay of its log) keeps the served embedder's record.
+
+        Args:
+            name: the collection (created if new).
+            ids: one distinct id per vector.
+            vectors: ``(len(ids), dim)`` float32.
+            documents: one text or None per vector, or None.
+            metadatas: one JSON object or None per vector, or None.
+            embedder: the identity of the embedder that made ``vectors``, or None (unknown).
+            allow_other_embedder: store vectors of another embedder anyway.
+
+        Returns:
+            ``(ids, count)``: the ids and the collection's new size.
+
+        Raises:
+            ApiError: 409 as :meth:`upsert`.
+            EmbedderMismatchError: ``embedder`` is not the collection's; nothing stored changed.
+            InvalidInputError, DimensionMismatchError: the index refused the records; nothing changed.
+        """
+
+        async def given(collection: Collection) -> tuple[Any, str | None]:
+            return vectors, await self._vector_embedder(collection, embedder, allow_other_embedder)
+
+        return await self._upsert(name, ids, len(ids), given, documents, metadatas)
+
+    async def _vector_embedder(self, collection: Collection, embedder: str | None, allow_other: bool) -> str | None:
+        """The embedder to record for a client's vectors (see :meth:`upsert_vectors`)."""
+        if embedder is None:
+            return None
+        served = await off_loop(lambda: self._embedder.identity)
+        if embedder == served:
+            return embedder  # the index records it, or refuses it against another record
+        recorded = await off_loop(recorded_embedder, collection.index)
+        if embedder == recorded:
+            return embedder
+        if allow_other:
+            return None
+        from gpuprompt.errors import EmbedderMismatchError
+
+        expected = recorded or served
+        raise EmbedderMismatchError(
+            f"collection {collection.name!r} holds vectors from embedder {expected!r}; vectors from {embedder!r} "
+            "are in another space and would rank wrongly. Embed with the server's model (GET /v1/models), or "
+            "pass allow_other_embedder=True if mixing is intended.",
+            expected=expected,
+            got=embedder,
+        )
+
+    async def _upsert(
+        self,
+        name: str,
+        ids: list[str] | None,
+        incoming: int,
+        vectors_for: Callable[[Collection], Awaitable[tuple[Any, str | None]]],
+        documents: list[str] | list[str | None] | None,
+        metadatas: list[dict[str, Any] | None] | None,
+    ) -> tuple[list[str], int]:
+        """Upsert ``incoming`` records into ``name`` (created if new) within the caps, logged first
+        under a data dir; ``vectors_for`` gives their vectors and embedder identity, computed once."""
+        made: tuple[Any, str | None] | None = None
         for _ in range(_DROP_RETRIES):
             collection, created = await self._collection_for_upsert(name)
             try:
-                promised = await self._reserve(collection, ids, len(documents))
+                promised = await self._reserve(collection, ids, incoming)
                 try:
-                    if vectors is None:
-                        vectors = await self._embedder.aembed_tensor(documents)
-                    stored = await self._add(collection, ids, vectors, documents, metadatas)
+                    if made is None:
+                        made = await vectors_for(collection)
+                    vectors, identity = made
+                    stored = await self._add(collection, ids, vectors, documents, metadatas, identity)
                 finally:
                     self._release(name, promised)
             except CollectionDropped:
@@ -423,7 +514,7 @@ class Collections:
             return stored, await self.count(collection)
         raise ApiError(
             409,
-            f"collection {name!r} was deleted {_DROP_RETRIES} times while these documents were being added; "
+            f"collection {name!r} was deleted {_DROP_RETRIES} times while these records were being added; "
             "nothing was stored: retry once it is no longer being deleted.",
             param="name",
             code="collection_deleted",
@@ -434,16 +525,16 @@ class Collections:
         collection: Collection,
         ids: list[str] | None,
         vectors: Any,
-        documents: list[str],
+        documents: list[str] | list[str | None] | None,
         metadatas: list[dict[str, Any] | None] | None,
+        identity: str | None,
     ) -> list[str]:
         """Upsert embedded records into a collection: logged first when it has a log."""
-        identity = self._embedder.identity
         log = collection.log
         if log is None:
             return await collection.index.aadd(ids, vectors, documents, metadatas, embedder=identity)
         # The ids are fixed before logging, so a replay generates none of its own.
-        fixed = list(ids) if ids is not None else [uuid.uuid4().hex for _ in documents]
+        fixed = list(ids) if ids is not None else [uuid.uuid4().hex for _ in range(len(vectors))]
 
         def write() -> tuple[list[str], bool]:
             host = vectors.detach().cpu().float().numpy() if hasattr(vectors, "detach") else vectors
@@ -577,3 +668,15 @@ def _discard(index: IndexLike) -> None:
         drop()
     else:
         index.close()
+
+
+def recorded_embedder(index: IndexLike) -> str | None:
+    """The identity of the embedder an index recorded at its first add naming one (blocking: a
+    MilvusIndex reads it from its collection's properties); None when no add named one."""
+    from gpuprompt.index import IndexConfig
+
+    config = getattr(index, "config", None)
+    if isinstance(config, IndexConfig):
+        return config.embedder
+    recorded = getattr(index, "embedder", None)
+    return recorded if isinstance(recorded, str) else None

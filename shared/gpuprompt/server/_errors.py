@@ -6,7 +6,8 @@ Mapping (every body is ``{"error": {"message", "type", "param", "code"}}``)::
                                                       param = the field's path (OpenAI and vLLM answer
                                                       400 here, not FastAPI's 422)
     malformed JSON body, or not sent as JSON       -> 400 invalid_request_error, code invalid_json
-    InvalidInputError, ConfigurationError          -> 400 invalid_request_error, code invalid_value,
+    InvalidInputError, ConfigurationError          -> 400 invalid_request_error, code invalid_value
+                                                      (dimension_mismatch, embedder_mismatch for those),
                                                       param from the message's leading 'name'
       FilterError                                  -> 400, param "filter", code invalid_filter
       UnsupportedFeatureError                      -> 400, param = its .field (a sampling field or
@@ -47,6 +48,8 @@ from gpuprompt.errors import (
     ClosedError,
     ConfigurationError,
     ContextLengthError,
+    DimensionMismatchError,
+    EmbedderMismatchError,
     EngineDeadError,
     FilterError,
     GPUPromptError,
@@ -109,6 +112,9 @@ class ApiError(Exception):
         self.headers = dict(headers or {})
 
 
+# Refusals a remote client maps back to their own class (gpuprompt.remote's error table).
+_CODES: dict[type, str] = {DimensionMismatchError: "dimension_mismatch", EmbedderMismatchError: "embedder_mismatch"}
+
 def _clean(text: str | None) -> str | None:
     # Messages quote the request (a field path may hold a JSON key with a lone surrogate): escape
     # what UTF-8 cannot encode, or rendering the error response would itself fail.
@@ -154,7 +160,8 @@ def _describe_error(exc: BaseException, retry_after_s: int) -> ApiError:
         return ApiError(400, str(exc), param="filter", code="invalid_filter")
     if isinstance(exc, (InvalidInputError, ConfigurationError)):
         message = str(exc)
-        return ApiError(400, message, param=_param_of(message), code="invalid_value")
+        code = _CODES.get(type(exc), "invalid_value")
+        return ApiError(400, message, param=_param_of(message), code=code)
     if isinstance(exc, GPUPromptError):
         logger.error("request failed: %r", exc)
         return ApiError(500, f"the model failed: {exc}", type="server_error", code=type(exc).__name__)

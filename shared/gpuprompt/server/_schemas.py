@@ -369,6 +369,9 @@ class HealthResponse(BaseModel):
     status: Literal["ok"] = "ok"
     chat_model: str
     embedding_model: str
+    embedder_identity: str | None = None
+    """The identity an index records for this server's vectors (model, ``;int8`` when quantised);
+    None until the embedder has loaded."""
     llm_backend: str
     device: str
     collections: int
