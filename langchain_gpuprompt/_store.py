@@ -1,8 +1,9 @@
 """LangGraph ``BaseStore`` (long-term memory) with semantic search on gpuprompt's embedder and index.
 
-Items live in memory by (namespace, key); their indexed fields are embedded by the core Embedder
-and searched in the core VectorIndex, with the namespace prefix and the value filter applied as
-one pre-filter in the core's filter language.
+Items live by (namespace, key) in an item map; their indexed fields are embedded by the core
+Embedder and searched in the core VectorIndex, with the namespace prefix and the value filter
+applied as one pre-filter in the core's filter language. In remote mode the item map and the
+index are two collections of a running ``gpuprompt serve``; the store's logic is the same code.
 """
 
 from __future__ import annotations
@@ -83,6 +84,11 @@ class _Entry:
     record_ids: list[str] = field(default_factory=list)
     ttl_minutes: float | None = None
     expires_at: float | None = None
+    order: int = 0
+    """When the item was created (ns since the epoch, plus its position in the batch): a remote
+    listing's order, the insertion order of the in-process map."""
+    ns_order: int | None = None
+    """The ``order`` of the item that created its namespace (remote: a listing's namespace order)."""
 
 
 @dataclass
@@ -125,6 +131,18 @@ class GPUPromptStore(BaseStore):
 
             graph = builder.compile(store=GPUPromptStore())
 
+    Remote mode (every worker process sees the same items; no torch, no model in the worker):
+        .. code-block:: python
+
+            store = GPUPromptStore(base_url="http://127.0.0.1:8000", api_key="...", collection="memories")
+            # or set GPUPROMPT_URL (and GPUPROMPT_API_KEY) and pass collection="memories" only
+
+        The vectors are the server collection ``collection`` (default ``"langgraph_store"``) and
+        the items the collection ``<collection>.items`` (both count against the server's
+        ``max_collection_records``; durable under ``gpuprompt serve --data-dir``). Answers are the
+        in-process ones; TTLs are measured on the wall clock, which every process shares. A batch
+        is not atomic across processes: concurrent writes to one item keep the last one.
+
     Args:
         index: semantic-search settings in LangGraph's ``IndexConfig`` shape: ``fields`` (JSON
             paths to embed, default ``["$"]``) and ``embed`` (LangChain ``Embeddings`` or an
@@ -133,12 +151,20 @@ class GPUPromptStore(BaseStore):
             off (a plain key-value store).
         ttl: LangGraph ``TTLConfig``: ``default_ttl`` (minutes) and ``refresh_on_read``. Expired
             items are never returned and are removed (with their vectors) at the next operation.
-        device: where the vector index lives.
-        clock: the monotonic clock TTLs are measured on (seconds); called once now, as a probe.
+        device: where the vector index lives (in process only).
+        clock: the clock TTLs are measured on (seconds; default ``time.monotonic`` in process,
+            ``time.time`` in remote mode, where expiry times are shared); called once now, as a probe.
+        base_url: a running ``gpuprompt serve`` holding the items and vectors (remote mode).
+        api_key: its API key (None reads ``GPUPROMPT_API_KEY`` when the server comes from ``GPUPROMPT_URL``).
+        collection: the server collection (remote mode; 1-58 letters, digits, '.', '_' or '-'; the
+            server is ``base_url`` or ``GPUPROMPT_URL``). ``GPUPROMPT_URL`` alone keeps the items
+            in process (a server collection is shared and outlives the process, so it is never
+            chosen implicitly); the default embeddings then still come from the server.
 
     Raises:
         ConfigurationError: an option of the wrong type or range (``device`` included, also when
-            semantic search is off), or a ``clock`` that does not return a finite number.
+            semantic search is off), a ``clock`` that does not return a finite number, a
+            collection without a server, or ``device`` together with a server.
     """
 
     supports_ttl: bool = True
@@ -149,7 +175,10 @@ class GPUPromptStore(BaseStore):
         index: IndexConfig | Literal[False] | None = None,
         ttl: TTLConfig | None = None,
         device: str = "auto",
-        clock: Callable[[], float] = time.monotonic,
+        clock: Callable[[], float] | None = None,
+        base_url: str | None = None,
+        api_key: str | None = None,
+        collection: str | None = None,
     ) -> None:
         if index is not None and index is not False and not isinstance(index, Mapping):
             raise ConfigurationError(
@@ -161,7 +190,14 @@ class GPUPromptStore(BaseStore):
                 f"'ttl' must be None or a TTLConfig dict like {{'default_ttl': 60}} (got {describe(ttl)})."
             )
         check_device(device)
-        check_clock(clock)
+        if clock is not None:
+            check_clock(clock)
+        remote = _remote_config(base_url, api_key, collection, device)
+        self.collection: str | None = None
+        """The server collection holding the vectors (remote mode; the items are in ``<collection>.items``)."""
+        if remote is not None:
+            collection = _DEFAULT_COLLECTION if collection is None else collection
+            self.collection = collection
         self.ttl_config = dict(ttl) if ttl is not None else None  # type: ignore[assignment]
         check_ttl((ttl or {}).get("default_ttl"), "ttl.default_ttl", unit="minutes")
         self._vectors: GPUPromptVectorStore | None = None
@@ -169,8 +205,18 @@ class GPUPromptStore(BaseStore):
         if index is not False:
             config = dict(index or {})
             embed = config.get("embed")
-            embeddings: Embeddings = GPUPromptEmbeddings() if embed is None else _embeddings(embed)
-            self._vectors = GPUPromptVectorStore(embeddings, device=device)
+            if embed is not None:
+                embeddings: Embeddings = _embeddings(embed)
+            elif remote is None:
+                embeddings = GPUPromptEmbeddings()
+            else:  # the server's model: its vectors are the ones its collection takes
+                embeddings = GPUPromptEmbeddings(base_url=remote.base_url, api_key=remote.api_key)
+            if remote is None:
+                self._vectors = GPUPromptVectorStore(embeddings, device=device)
+            else:
+                self._vectors = GPUPromptVectorStore(
+                    embeddings, base_url=remote.base_url, api_key=remote.api_key, collection=self.collection
+                )
             fields = config.get("fields") or ["$"]
             self._fields = _index_paths(fields, "index.fields", error=ConfigurationError)
         self.index_config = (  # type: ignore[assignment]
@@ -178,13 +224,28 @@ class GPUPromptStore(BaseStore):
             if self._vectors is not None
             else None
         )
-        self._clock = clock
+        # A remote store's expiry times are shared by every process: they are wall-clock times.
+        self._clock = clock if clock is not None else (time.monotonic if remote is None else time.time)
         self._lock = threading.RLock()
-        self._data: dict[tuple[str, ...], dict[str, _Entry]] = {}
+        self._items: _LocalItems | _RemoteItems
+        if remote is None:
+            self._items = _LocalItems()
+        else:
+            from gpuprompt.remote._index import RemoteIndex
+
+            self._items = _RemoteItems(RemoteIndex(remote, collection=f"{self.collection}{_ITEMS_SUFFIX}"))
 
     def __repr__(self) -> str:
-        items = sum(len(keys) for keys in self._data.values())
-        return f"<GPUPromptStore items={items} semantic={self._vectors is not None}>"
+        where = "" if self.collection is None else f" collection={self.collection!r}"
+        return f"<GPUPromptStore items={len(self._items)} semantic={self._vectors is not None}{where}>"
+
+    @property
+    def _data(self) -> dict[tuple[str, ...], dict[str, _Entry]]:
+        """The in-process item map, by namespace then key (a remote store keeps its items on the server)."""
+        data = getattr(self._items, "_data", None)
+        if data is None:
+            raise AttributeError("a remote GPUPromptStore keeps its items on the server, not in '_data'")
+        return data
 
     @property
     def embeddings(self) -> Embeddings | None:
@@ -353,6 +414,10 @@ class GPUPromptStore(BaseStore):
     async def abatch(self, ops: Iterable[Op]) -> list[Result]:
         """Async :meth:`batch`: queries and new texts are embedded by the batched embedder and
         searched in the index off the event loop; concurrent calls share batches."""
+        if isinstance(self._items, _RemoteItems):
+            # Every step is an HTTP request to the server, which batches embeddings and searches
+            # with every other client's: run the whole batch off the event loop.
+            return await off_loop(self.batch, ops)
         reads = self._read(ops)
         if reads.searches:
             found = await asyncio.gather(*(self._asearch(op) for _, op in reads.searches))
@@ -368,19 +433,11 @@ class GPUPromptStore(BaseStore):
         sweeps first, so calling this is only needed to free memory while the store is idle."""
         now = self._clock()
         with self._lock:
-            expired = [
-                (namespace, key)
-                for namespace, keys in self._data.items()
-                for key, entry in keys.items()
-                if entry.expires_at is not None and entry.expires_at <= now
-            ]
-            record_ids = [rid for ns, key in expired for rid in self._data[ns][key].record_ids]
+            expired = self._items.expired(now)
+            record_ids = [rid for entry in expired for rid in entry.record_ids]
             if record_ids and self._vectors is not None:
                 self._vectors.delete(record_ids)
-            for namespace, key in expired:
-                del self._data[namespace][key]
-                if not self._data[namespace]:
-                    del self._data[namespace]
+            self._items.apply([((entry.item.namespace, entry.item.key), None) for entry in expired])
         return len(expired)
 
     # ------------------------------------------------------------------ reads
@@ -392,11 +449,14 @@ class GPUPromptStore(BaseStore):
         self.sweep_ttl()
         reads = _Reads(results=[None] * len(ops), searches=[], puts={})
         with self._lock:
+            found = self._items.get_many([(tuple(op.namespace), op.key) for op in ops if isinstance(op, GetOp)])
+            refreshed: dict[_Path, _Entry] = {}
             for position, op in enumerate(ops):
                 if isinstance(op, GetOp):
-                    entry = self._data.get(tuple(op.namespace), {}).get(op.key)
-                    if entry is not None and op.refresh_ttl:
-                        self._refresh(entry)
+                    path = (tuple(op.namespace), op.key)
+                    entry = found.get(path)
+                    if entry is not None and op.refresh_ttl and self._refresh(entry):
+                        refreshed[path] = entry
                     reads.results[position] = entry.item if entry is not None else None
                 elif isinstance(op, SearchOp):
                     reads.searches.append((position, op))
@@ -404,14 +464,18 @@ class GPUPromptStore(BaseStore):
                     reads.results[position] = self._list_namespaces(op)
                 else:
                     reads.puts[(tuple(op.namespace), op.key)] = op
+            self._items.touch(list(refreshed.values()))
         return reads
 
-    def _refresh(self, entry: _Entry) -> None:
-        if entry.ttl_minutes is not None:
-            entry.expires_at = self._clock() + entry.ttl_minutes * 60.0
+    def _refresh(self, entry: _Entry) -> bool:
+        """Push ``entry``'s expiry back by its TTL; returns whether it has one."""
+        if entry.ttl_minutes is None:
+            return False
+        entry.expires_at = self._clock() + entry.ttl_minutes * 60.0
+        return True
 
     def _list_namespaces(self, op: ListNamespacesOp) -> list[tuple[str, ...]]:
-        namespaces = [ns for ns, keys in self._data.items() if keys]
+        namespaces = self._items.namespaces()
         if op.match_conditions:
             namespaces = [ns for ns in namespaces if all(_namespace_matches(c, ns) for c in op.match_conditions)]
         if op.max_depth is not None:
@@ -421,17 +485,9 @@ class GPUPromptStore(BaseStore):
         return namespaces[op.offset : op.offset + op.limit]
 
     def _candidates(self, op: SearchOp, core_filter: dict[str, Any] | None) -> list[_Entry]:
-        from gpuprompt.index.filters import matches
-
-        prefix = tuple(op.namespace_prefix)
+        # The namespace prefix is part of core_filter (labels by position).
         with self._lock:
-            return [
-                entry
-                for namespace, keys in self._data.items()
-                if namespace[: len(prefix)] == prefix
-                for entry in keys.values()
-                if matches(core_filter, _metadata(entry.item.namespace, entry.item.key, entry.item.value))
-            ]
+            return self._items.candidates(core_filter)
 
     def _search(self, op: SearchOp) -> list[SearchItem]:
         core_filter = _core_filter(op)
@@ -462,11 +518,11 @@ class GPUPromptStore(BaseStore):
         # vectors and ranks by its best one); drop items replaced or deleted since the search.
         seen: set[_Path] = set()
         ranked: list[tuple[float, _Entry]] = []
+        paths = [_hit_path(hit) for hit in hits]
         with self._lock:
-            for hit in hits:
-                namespace, key, _ = json.loads(hit.id)
-                path = (tuple(namespace), key)
-                entry = self._data.get(path[0], {}).get(key)
+            entries = self._items.get_many(list(dict.fromkeys(paths)))
+            for hit, path in zip(hits, paths):
+                entry = entries.get(path)
                 if path in seen or entry is None or hit.id not in entry.record_ids:
                     continue  # a duplicate vector, or an item replaced or deleted meanwhile
                 seen.add(path)
@@ -490,8 +546,7 @@ class GPUPromptStore(BaseStore):
     def _results(self, op: SearchOp, kept: list[tuple[float | None, _Entry]]) -> list[SearchItem]:
         if op.refresh_ttl:
             with self._lock:
-                for _, entry in kept:
-                    self._refresh(entry)
+                self._items.touch([entry for _, entry in kept if self._refresh(entry)])
         return [
             SearchItem(
                 namespace=entry.item.namespace,
@@ -539,7 +594,11 @@ class GPUPromptStore(BaseStore):
     ) -> None:
         texts, ids, metadatas, vectors = embedded
         now = datetime.now(timezone.utc)
+        first_order = time.time_ns()
+        if isinstance(self._items, _RemoteItems):  # the server's id limit, checked before anything is sent
+            _check_record_ids([*ids, *(_item_id(path) for path in puts)])
         with self._lock:
+            old_entries = self._items.get_many(list(puts))
             if vectors is not None and self._vectors is not None:
                 # Added first: a rejected add (bad metadata, wrong dimension) leaves everything as it was.
                 index = self._vectors.ensure_index(int(vectors.shape[1]))
@@ -549,17 +608,16 @@ class GPUPromptStore(BaseStore):
                 namespace, key, _ = json.loads(record_id)
                 new_ids.setdefault((tuple(namespace), key), []).append(record_id)
             stale: list[str] = []
-            for path, op in puts.items():
+            changes: list[tuple[_Path, _Entry | None]] = []
+            for position, (path, op) in enumerate(puts.items()):
                 namespace, key = path
-                old = self._data.get(namespace, {}).get(key)
+                old = old_entries.get(path)
                 fresh = new_ids.get(path, [])
                 if old is not None:
                     stale.extend(rid for rid in old.record_ids if rid not in fresh)
                 if op.value is None:
                     if old is not None:
-                        del self._data[namespace][key]
-                        if not self._data[namespace]:
-                            del self._data[namespace]
+                        changes.append((path, None))
                     continue
                 item = Item(
                     value=op.value,  # the detached JSON copy made when the op was checked
@@ -568,9 +626,12 @@ class GPUPromptStore(BaseStore):
                     created_at=old.item.created_at if old is not None else now,
                     updated_at=now,
                 )
-                entry = _Entry(item=item, record_ids=fresh, ttl_minutes=op.ttl)
+                order = old.order if old is not None else first_order + position
+                entry = _Entry(item=item, record_ids=fresh, ttl_minutes=op.ttl, order=order,
+                               ns_order=old.ns_order if old is not None else None)
                 self._refresh(entry)
-                self._data.setdefault(namespace, {})[key] = entry
+                changes.append((path, entry))
+            self._items.apply(changes)
             if stale and self._vectors is not None:
                 self._vectors.delete(stale)
 
@@ -754,3 +815,217 @@ def _namespace_matches(condition: MatchCondition, namespace: tuple[str, ...]) ->
     else:
         raise InvalidInputError(f"'match_type' must be 'prefix' or 'suffix' (got {describe(condition.match_type)}).")
     return all(wanted == "*" or label == wanted for label, wanted in pairs)
+
+
+# ---------------------------------------------------------------------- the item map
+# The store's semantics live in GPUPromptStore above; where the items are kept is one of these
+# two maps (and the vectors are in the GPUPromptVectorStore's index, in process or a server
+# collection). Both answer with _Entry objects; the store calls ``touch`` after changing an
+# entry's expiry, so a remote map writes it back.
+
+_DEFAULT_COLLECTION = "langgraph_store"
+_ITEMS_SUFFIX = ".items"
+_COLLECTION_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,57}$"  # the server's pattern, room left for ".items"
+_MAX_RECORD_ID_LENGTH = 4096  # the server's (and Milvus's) longest record id
+
+
+class _LocalItems:
+    """Items in process memory, by namespace then key (insertion order kept: a listing's order)."""
+
+    def __init__(self) -> None:
+        self._data: dict[tuple[str, ...], dict[str, _Entry]] = {}
+
+    def __len__(self) -> int:
+        return sum(len(keys) for keys in self._data.values())
+
+    def get_many(self, paths: list[_Path]) -> dict[_Path, _Entry]:
+        found = {}
+        for namespace, key in paths:
+            entry = self._data.get(namespace, {}).get(key)
+            if entry is not None:
+                found[(namespace, key)] = entry
+        return found
+
+    def namespaces(self) -> list[tuple[str, ...]]:
+        return [ns for ns, keys in self._data.items() if keys]
+
+    def candidates(self, core_filter: dict[str, Any] | None) -> list[_Entry]:
+        from gpuprompt.index.filters import matches
+
+        return [
+            entry
+            for keys in self._data.values()
+            for entry in keys.values()
+            if matches(core_filter, _metadata(entry.item.namespace, entry.item.key, entry.item.value))
+        ]
+
+    def expired(self, now: float) -> list[_Entry]:
+        return [
+            entry
+            for keys in self._data.values()
+            for entry in keys.values()
+            if entry.expires_at is not None and entry.expires_at <= now
+        ]
+
+    def apply(self, changes: list[tuple[_Path, _Entry | None]]) -> None:
+        for (namespace, key), entry in changes:  # in order: an emptied namespace goes, a new one comes last
+            if entry is not None:
+                self._data.setdefault(namespace, {})[key] = entry
+            elif key in self._data.get(namespace, {}):
+                del self._data[namespace][key]
+                if not self._data[namespace]:
+                    del self._data[namespace]
+
+    def touch(self, entries: list[_Entry]) -> None:
+        """Nothing to do: the entries are the stored ones, changed in place."""
+
+
+class _RemoteItems:
+    """Items as records of a server collection (``<collection>.items``), shared by every process
+    using it: id ``[namespace, key]`` as JSON, metadata the item's searchable form (as the vector
+    records carry it) plus its bookkeeping, and a constant unit vector (never searched)."""
+
+    def __init__(self, index: Any) -> None:
+        self.index = index
+
+    def __len__(self) -> int:
+        return self.index.count
+
+    def get_many(self, paths: list[_Path]) -> dict[_Path, _Entry]:
+        if not paths:
+            return {}
+        entries = (_decode_item(record) for record in self.index.get([_item_id(path) for path in paths]))
+        return {(entry.item.namespace, entry.item.key): entry for entry in entries}
+
+    def namespaces(self) -> list[tuple[str, ...]]:
+        return list(dict.fromkeys(tuple(json.loads(rid)[0]) for rid in self.index.ids()))
+
+    def _entries(self, core_filter: dict[str, Any] | None) -> list[_Entry]:
+        ids = self.index.ids(core_filter)
+        return [_decode_item(record) for record in self.index.get(ids)] if ids else []
+
+    def candidates(self, core_filter: dict[str, Any] | None) -> list[_Entry]:
+        # The in-process order: namespaces by creation (a namespace emptied and filled again is
+        # new), then items by creation (an item deleted and put again is new).
+        return sorted(self._entries(core_filter), key=lambda entry: (entry.ns_order or 0, entry.order))
+
+    def expired(self, now: float) -> list[_Entry]:
+        return self._entries({"expires_at": {"$lte": now}})
+
+    def apply(self, changes: list[tuple[_Path, _Entry | None]]) -> None:
+        import numpy as np
+
+        self._namespace_orders(changes)
+        written = [entry for _, entry in changes if entry is not None]
+        if written:
+            vectors = np.zeros((len(written), self.index.dim), dtype=np.float32)
+            vectors[:, 0] = 1.0
+            self.index.add(
+                [_item_id((entry.item.namespace, entry.item.key)) for entry in written],
+                vectors,
+                metadatas=[_encode_item(entry) for entry in written],
+            )
+        removed = [_item_id(path) for path, entry in changes if entry is None]
+        if removed:
+            self.index.delete(removed)
+
+    def touch(self, entries: list[_Entry]) -> None:
+        self.apply([((entry.item.namespace, entry.item.key), entry) for entry in entries])
+
+    def _namespace_orders(self, changes: list[tuple[_Path, _Entry | None]]) -> None:
+        """Give each new item its namespace's creation order: the one of the namespace's live
+        items, or its own when the namespace is new (or emptied earlier in this batch)."""
+        decided: dict[tuple[str, ...], int] = {}
+        removed: set[str] = set()
+        for path, entry in changes:
+            if entry is None:
+                removed.add(_item_id(path))
+                continue
+            namespace = path[0]
+            if entry.ns_order is None and namespace not in decided:
+                exact = [{f"ns.{i}": label} for i, label in enumerate(namespace)]
+                exact.append({f"ns.{len(namespace)}": {"$exists": False}})
+                live = [rid for rid in self.index.ids({"$and": exact}) if rid not in removed]
+                records = self.index.get(live[:1]) if live else []
+                if records:
+                    decided[namespace] = _decode_item(records[0]).ns_order or 0
+            if entry.ns_order is None:
+                entry.ns_order = decided.setdefault(namespace, entry.order)
+
+
+def _remote_config(base_url: Any, api_key: Any, collection: Any, device: str) -> Any:
+    """The server of a remote store, or None to keep the store in process.
+
+    As for the vector store, a store is remote when it names a server (``base_url`` / ``api_key``)
+    or a collection; ``GPUPROMPT_URL`` then supplies a missing ``base_url``, but alone it keeps
+    the items in process (a server collection is shared and outlives the process).
+    """
+    if base_url is None and api_key is None and collection is None:
+        return None
+    import re
+
+    from gpuprompt.remote._config import resolve_remote
+
+    if collection is not None:
+        check_str(collection, "collection", error=ConfigurationError)
+        if not re.match(_COLLECTION_PATTERN, collection):
+            raise fail("collection", "a collection name of 1-58 letters, digits, '.', '_' or '-', starting with a "
+                       "letter or digit", collection, error=ConfigurationError)
+    config = resolve_remote(base_url, api_key, owner="GPUPromptStore", local_options={"device": (device, "auto")})
+    if config is None:
+        raise ConfigurationError(
+            f"GPUPromptStore got collection={collection!r}, a collection of a running `gpuprompt serve`, but no "
+            "server: pass base_url='http://host:port' (or set GPUPROMPT_URL), or drop collection to keep the store "
+            "in process."
+        )
+    return config
+
+
+def _item_id(path: _Path) -> str:
+    return json.dumps([list(path[0]), path[1]])
+
+
+def _hit_path(hit: Hit) -> _Path:
+    namespace, key, _ = json.loads(hit.id)
+    return (tuple(namespace), key)
+
+
+def _check_record_ids(ids: list[str]) -> None:
+    for record_id in ids:
+        if len(record_id) > _MAX_RECORD_ID_LENGTH:
+            raise InvalidInputError(
+                f"a namespace and key must fit a server record id of {_MAX_RECORD_ID_LENGTH} characters as JSON "
+                f"(got {len(record_id)}: {record_id[:80]!r}...); use a shorter key or namespace."
+            )
+
+
+def _encode_item(entry: _Entry) -> dict[str, Any]:
+    item = entry.item
+    metadata = _metadata(item.namespace, item.key, item.value)
+    # The bookkeeping as one JSON text (two metadata nodes, within what _check_put left free).
+    metadata["item"] = json.dumps({
+        "created_at": item.created_at.isoformat(),
+        "updated_at": item.updated_at.isoformat(),
+        "ttl": entry.ttl_minutes,
+        "record_ids": entry.record_ids,
+        "order": entry.order,
+        "ns_order": entry.ns_order,
+    })
+    if entry.expires_at is not None:
+        metadata["expires_at"] = entry.expires_at
+    return metadata
+
+
+def _decode_item(record: Any) -> _Entry:
+    metadata = record.metadata
+    book = json.loads(metadata["item"])
+    labels = metadata["ns"]
+    item = Item(
+        value=metadata["value"],
+        key=metadata["key"],
+        namespace=tuple(labels[str(i)] for i in range(len(labels))),
+        created_at=datetime.fromisoformat(book["created_at"]),
+        updated_at=datetime.fromisoformat(book["updated_at"]),
+    )
+    return _Entry(item=item, record_ids=list(book["record_ids"]), ttl_minutes=book["ttl"],
+                  expires_at=metadata.get("expires_at"), order=int(book["order"]), ns_order=book["ns_order"])
