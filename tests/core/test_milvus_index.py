@@ -332,3 +332,20 @@ def test_rag_pipeline_answers_over_a_milvus_index(uri, embedder, tf_engine) -> N
     reply = rag.answer("milvus-user", question)
     assert reply.answer
     assert [h.id for h in reply.sources] == [h.id for h in local.search(embedder.embed([question]), 3)[0]]
+
+
+def test_an_mmr_batched_with_a_larger_search_keeps_to_its_own_candidates(uri) -> None:
+    vectors = np.random.default_rng(2).standard_normal((300, DIM)).astype(np.float32)
+    index = fresh(uri, max_wait_ms=50)
+    index.add([f"x{i}" for i in range(300)], vectors)
+    alone = [h.id for h in index.mmr(vectors[0], k=4, fetch_k=8, lambda_mult=0.0)]
+
+    async def together() -> list[str]:
+        picked, _ = await asyncio.gather(
+            index.ammr(vectors[0], k=4, fetch_k=8, lambda_mult=0.0), index.asearch(vectors[1:2], k=100)
+        )
+        return [h.id for h in picked]
+
+    assert asyncio.run(together()) == alone
+    assert set(alone) <= {h.id for h in index.search(vectors[:1], k=8)[0]}
+    index.drop()

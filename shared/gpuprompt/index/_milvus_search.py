@@ -57,7 +57,8 @@ def run_milvus_batch(index: MilvusIndex, client: Any, requests: list[SearchReque
             request = requests[i]
             stop = start + int(request.queries.shape[0])
             if request.mmr is not None:
-                results[i] = [_mmr(queries[start], found[start], *request.mmr)]
+                # only this request's own fetch_k candidates: the batch's k may be another caller's
+                results[i] = [_mmr(queries[start], found[start][: request.k], *request.mmr)]
             else:
                 results[i] = [[hit for hit, _ in found[q][: request.k]] for q in range(start, stop)]
             start = stop

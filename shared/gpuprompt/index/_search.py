@@ -147,10 +147,11 @@ def run_batch(
             request = requests[i]
             stop = start + request.queries.shape[0]
             if request.mmr is not None:
+                # only this request's own fetch_k candidates: the batch's k may be another caller's
                 picked = mmr_rerank(
                     request.queries[0],
-                    scores[start],
-                    rows[start],
+                    scores[start, : request.k],
+                    rows[start, : request.k],
                     store=store,
                     backend=backend,
                     k=request.mmr[0],
