@@ -51,6 +51,7 @@ __all__ = [
     "SessionStoreError",
     "SnapshotError",
     "UnsupportedFeatureError",
+    "VectorStoreError",
     "describe",
 ]
 
@@ -213,6 +214,11 @@ class EngineDeadError(EngineError):
 class SessionStoreError(EngineError):
     """The session store (Redis) failed, was unreachable or did not answer in time. A write that
     timed out may still be applied by the store later; nothing is retried, so none is applied twice."""
+
+
+class VectorStoreError(EngineError):
+    """The vector database (a Milvus server, cluster or Milvus Lite file) failed or could not be
+    reached; the message names the address and what Milvus said."""
 
 
 class DeviceOutOfMemoryError(GPUPromptError, MemoryError):

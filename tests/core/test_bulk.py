@@ -107,7 +107,7 @@ def test_a_missing_text_field_names_file_line_and_field(tmp_path: Path, embedder
 
 def test_duplicate_ids_and_bad_metadata_are_refused(tmp_path: Path, embedder) -> None:
     path = write_jsonl(tmp_path / "dup.jsonl", [{"id": "a", "text": "x"}, {"id": "a", "text": "y"}])
-    with pytest.raises(InvalidInputError, match=r"dup\.jsonl line 2: 'id' value 'a' was already used at dup\.jsonl line 1"):
+    with pytest.raises(InvalidInputError, match=r"dup\.jsonl line 2: 'id' value 'a' was already used at \S*dup\.jsonl line 1"):
         index_bulk(path, tmp_path / "idx", id_field="id", embedder=embedder, progress=False)
     path = write_jsonl(tmp_path / "meta.jsonl", [{"text": "x", "n": 2**70}])
     with pytest.raises(InvalidInputError, match=r"meta\.jsonl line 1: .*64 bits"):
@@ -150,7 +150,7 @@ def test_parquet_and_a_folder_of_text_files(tmp_path: Path, embedder) -> None:
     texts = make_texts(6, seed=5)
     pq.write_table(pa.table({"body": texts, "n": list(range(6))}), tmp_path / "docs.parquet")
     index_bulk(tmp_path / "docs.parquet", tmp_path / "pq", text_field="body", metadata_fields=["n"],
-               embedder=embedder, progress=False, chunk_size=160, chunk_overlap=20)
+               embedder=embedder, progress=False, chunk_size=160, chunk_overlap=20, id_prefix="docs.parquet")
     got = records(tmp_path / "pq")
     assert got["docs.parquet:2#0"].metadata == {"source": "docs.parquet:2", "chunk": 0, "n": 1}
     folder = tmp_path / "notes"
@@ -158,9 +158,33 @@ def test_parquet_and_a_folder_of_text_files(tmp_path: Path, embedder) -> None:
     (folder / "a.txt").write_text(texts[0])
     (folder / "sub" / "b.md").write_text(texts[1])
     (folder / "skip.bin").write_bytes(b"\x00")
-    index_bulk(folder, tmp_path / "txt", embedder=embedder, progress=False, chunk_size=160, chunk_overlap=20)
+    index_bulk(folder, tmp_path / "txt", embedder=embedder, progress=False, chunk_size=160, chunk_overlap=20,
+               id_prefix="")
     sources = {r.metadata["source"] for r in records(tmp_path / "txt").values()}
     assert sources == {"a.txt", "sub/b.md"}
+
+
+def test_two_inputs_of_the_same_name_never_share_ids(tmp_path: Path, embedder, monkeypatch) -> None:
+    # y2023/data.jsonl and y2024/data.jsonl into one target: both stay (the default ids name the
+    # input's path, relative to the current folder), and a folder's files are prefixed by it.
+    texts = make_texts(4, seed=9)
+    options = {**OPTIONS, "id_field": None}
+    for year, part in (("y2023", texts[:2]), ("y2024", texts[2:])):
+        (tmp_path / year).mkdir()
+        write_jsonl(tmp_path / year / "data.jsonl", [{"text": t} for t in part])
+        (tmp_path / year / "notes").mkdir()
+        (tmp_path / year / "notes" / "readme.txt").write_text(part[0])
+    monkeypatch.chdir(tmp_path)
+    for year in ("y2023", "y2024"):
+        index_bulk(f"{year}/data.jsonl", tmp_path / "kb", embedder=embedder, **options)
+        index_bulk(tmp_path / year / "notes", tmp_path / "kb", embedder=embedder, **options)
+    sources = {r.metadata["source"] for r in records(tmp_path / "kb").values()}
+    assert sources == {"y2023/data.jsonl:1", "y2023/data.jsonl:2", "y2024/data.jsonl:1", "y2024/data.jsonl:2",
+                       "y2023/notes/readme.txt", "y2024/notes/readme.txt"}
+    # Run from elsewhere, an input is named by its absolute path, or by id_prefix to keep the ids.
+    monkeypatch.chdir(tmp_path / "y2023")
+    index_bulk("data.jsonl", tmp_path / "kb", embedder=embedder, id_prefix="y2023/data.jsonl", **options)
+    assert {r.metadata["source"] for r in records(tmp_path / "kb").values()} == sources
 
 
 def test_a_rerun_skips_everything_and_a_changed_input_upserts(corpus: Path, tmp_path: Path, embedder) -> None:

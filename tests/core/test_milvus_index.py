@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
+import socket
 import subprocess
 import sys
 import threading
@@ -270,6 +271,52 @@ def test_an_existing_collection_must_agree(uri, data) -> None:
         MilvusIndex(DIM + 1, uri=uri, collection=name).ids()
     with pytest.raises(ConfigurationError, match="metric"):
         MilvusIndex(DIM, uri=uri, collection=name, metric="l2").ids()
+    with pytest.raises(ConfigurationError, match="scalar_fields"):  # a column the collection does not type
+        MilvusIndex(DIM, uri=uri, collection=name, scalar_fields={"lang": "str"}).ids()
+
+
+def test_a_handle_naming_fewer_typed_fields_adopts_the_collections(uri, data) -> None:
+    # A second writer (another process, index-bulk, a server) that does not repeat scalar_fields must
+    # still fill the typed columns: a NULL column would hide its records from the typed filters.
+    typed = fresh(uri, scalar_fields={"lang": "str", "price": "float"})
+    typed.add(["a"], data["vectors"][:1], metadatas=[{"lang": "fr", "price": 5}])
+    name = typed.options.collection
+    for declared in ({}, {"lang": "str"}):
+        other = MilvusIndex(DIM, uri=uri, collection=name, scalar_fields=declared)
+        other.add([f"b{len(declared)}"], data["vectors"][1:2], metadatas=[{"lang": "fr", "price": 5}])
+        assert other.options.scalar_fields == {"lang": "str", "price": "float"}
+        with pytest.raises(InvalidInputError):  # and checks the column's kind like the creator does
+            other.add(["c"], data["vectors"][2:3], metadatas=[{"price": "cheap"}])
+    reader = MilvusIndex.load(uri, collection=name)
+    for expression in ({"lang": "fr"}, {"price": {"$lt": 10}}, {"lang": {"$icontains": "FR"}}):
+        assert sorted(reader.ids(expression)) == ["a", "b0", "b1"], expression
+    hits = reader.search(data["vectors"][1], k=3, filter={"lang": "fr"})[0]
+    assert sorted(h.id for h in hits) == ["a", "b0", "b1"]
+    typed.drop()
+
+
+def test_milvus_failures_are_typed(tmp_path) -> None:
+    from gpuprompt.errors import VectorStoreError
+
+    with socket.socket() as probe:  # a loopback port where nothing listens
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    with pytest.raises(VectorStoreError, match=f"127.0.0.1:{port}"):
+        MilvusIndex(DIM, uri=f"http://127.0.0.1:{port}", collection="c").count
+    path = tmp_path / "held.db"
+    holder = MilvusIndex(DIM, uri=str(path), collection="c")
+    holder.add(["a"], np.ones((1, DIM), np.float32))
+    code = (
+        "from gpuprompt import MilvusIndex\n"
+        "from gpuprompt.errors import ConfigurationError\n"
+        "try:\n"
+        f"    MilvusIndex({DIM}, uri={str(path)!r}, collection='c').count\n"
+        "except ConfigurationError as exc:\n"
+        "    print('refused:', exc)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False)
+    assert "refused:" in done.stdout and "one process" in done.stdout, done.stdout + done.stderr[-2000:]
+    holder.close()
 
 
 def test_save_writes_a_pointer_and_load_reopens_the_collection(uri, data, tmp_path) -> None:

@@ -32,7 +32,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch-size", type=int, default=DEFAULT_BATCH_SIZE,
                         help=f"chunks per embedding call and per resumable shard (default {DEFAULT_BATCH_SIZE})")
     parser.add_argument("--text-field", default="text", help="record field holding the text (default text)")
-    parser.add_argument("--id-field", default=None, help="record field naming each record (default: file:line)")
+    parser.add_argument("--id-field", default=None,
+                        help="record field naming each record (default: <input path>:<line>, the path relative "
+                             "to the current folder when inside it, else absolute)")
+    parser.add_argument("--id-prefix", default=None,
+                        help="name the input by this instead of its path in the default ids (resume from "
+                             "another folder with the same ids)")
     parser.add_argument("--metadata-field", dest="metadata_fields", action="append", default=None, metavar="FIELD",
                         help="record field copied into the metadata (repeat for several)")
     parser.add_argument("--checkpoint-every", type=int, default=DEFAULT_CHECKPOINT_EVERY,
@@ -71,6 +76,7 @@ def run_args(args: argparse.Namespace) -> int:
             ray_options=RayOptions(address=args.ray_address, num_cpus=args.num_cpus, num_gpus=args.num_gpus,
                                    concurrency=args.concurrency),
             collection=args.collection,
+            id_prefix=args.id_prefix,
         )
     except GPUPromptError as exc:
         print(f"gpuprompt index-bulk: {exc}", file=sys.stderr)

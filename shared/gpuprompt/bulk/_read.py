@@ -50,6 +50,9 @@ class ReadOptions:
         text_field: the record field holding the text (JSONL, Parquet).
         id_field: the record field naming the source (str or int), or None for ``<file>:<line>``.
         metadata_fields: record fields copied into each chunk's metadata (JSON values), or None.
+        id_prefix: the name of the input in default sources (``<id_prefix>:<line>``, a folder's
+            ``<id_prefix>/<file>``), or None for the input's path: relative to the current folder
+            when it is inside it, else absolute, so that two inputs never share chunk ids.
     """
 
     chunk_size: int
@@ -57,6 +60,7 @@ class ReadOptions:
     text_field: str = "text"
     id_field: str | None = None
     metadata_fields: tuple[str, ...] = ()
+    id_prefix: str | None = None
 
     def __post_init__(self) -> None:
         check_chunking(self.chunk_size, self.chunk_overlap)
@@ -109,7 +113,8 @@ class BulkInput:
                     "Parquet file itself."
                 )
             self.kind = "text"
-            self.files = [(p, p.relative_to(root).as_posix()) for p in files]
+            label = _label(root, options.id_prefix)
+            self.files = [(p, _joined(label, p.relative_to(root).as_posix())) for p in files]
         else:
             suffix = root.suffix.lower()
             if suffix in JSONL_SUFFIXES:
@@ -124,7 +129,7 @@ class BulkInput:
                     f"({', '.join(JSONL_SUFFIXES)}), Parquet ({', '.join(PARQUET_SUFFIXES)}) or text "
                     f"({', '.join(TEXT_SUFFIXES)}), or a folder of text files."
                 )
-            self.files = [(root, root.name)]
+            self.files = [(root, _label(root, options.id_prefix) or root.name)]
         self.path = root
 
     def __repr__(self) -> str:
@@ -266,3 +271,20 @@ def fields_tuple(fields: Sequence[str] | None) -> tuple[str, ...]:
     if isinstance(fields, str):
         raise ConfigurationError(f"'metadata_fields' must be a list of field names (got the bare str {fields!r}); wrap it: [{fields!r}].")
     return tuple(fields)
+
+
+def _label(root: Path, prefix: str | None) -> str:
+    """The input's name in chunk sources: ``prefix``, else its path (relative to the current folder
+    when inside it, else absolute; ``""`` for the current folder itself)."""
+    if prefix is not None:
+        return prefix.strip("/")
+    resolved = root.resolve()
+    try:
+        relative = resolved.relative_to(Path.cwd().resolve()).as_posix()
+    except ValueError:
+        return resolved.as_posix()
+    return "" if relative == "." else relative
+
+
+def _joined(label: str, name: str) -> str:
+    return f"{label}/{name}" if label else name

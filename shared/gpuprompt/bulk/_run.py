@@ -135,6 +135,7 @@ def index_bulk(
     ray_options: RayOptions | None = None,
     collection: str | None = None,
     on_commit: Callable[[int], None] | None = None,
+    id_prefix: str | None = None,
 ) -> BulkResult:
     """Chunk, embed and write a corpus into a snapshot folder (or another :class:`BulkWriter` target).
 
@@ -160,7 +161,12 @@ def index_bulk(
         batch_size: chunks per embedding call and per shard (the unit a re-run skips).
         text_field: the record field holding the text.
         id_field: a record field naming each record (str or int, unique); chunk ids are
-            ``<id>#<n>``. None: ``<file>:<line>#<n>`` (``<path>#<n>`` for text files).
+            ``<id>#<n>``. None: ``<file>:<line>#<n>`` (``<folder>/<file>#<n>`` for a folder of text
+            files), where ``<file>`` is the input's path relative to the current folder when it is
+            inside it, else absolute: two inputs never share ids. A resumed run must name the
+            input the same way (same folder, or the same ``id_prefix``).
+        id_prefix: the input's name in those default ids instead of its path (e.g. ``"reports-2024"``;
+            ``""`` for a folder: ids are the files' paths inside it). Ignored with ``id_field``.
         metadata_fields: record fields copied into each chunk's metadata (with ``source`` and ``chunk``).
         progress: show a progress bar (tqdm).
         embedder: an :class:`~gpuprompt.Embedder` (one process) or its config; None = the bundled
@@ -198,8 +204,10 @@ def index_bulk(
         text_field=text_field,
         id_field=id_field,
         metadata_fields=fields_tuple(metadata_fields),
+        id_prefix=id_prefix,
     )
     check_str(collection, "collection", allow_none=True, allow_empty=False, error=ConfigurationError)
+    check_str(id_prefix, "id_prefix", allow_none=True, error=ConfigurationError)
     source = BulkInput(input, options)
     # With a progress bar the stream is read once ahead to count it, which also finds bad records
     # before anything is embedded.

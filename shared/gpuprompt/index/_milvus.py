@@ -10,6 +10,7 @@ import asyncio
 import json
 import threading
 import weakref
+from dataclasses import replace
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -29,7 +30,7 @@ from gpuprompt.index._milvus_schema import (
     check_rows,
     create_collection,
     existing_layout,
-    import_pymilvus,
+    open_client,
     resolve_options,
 )
 from gpuprompt.index._mmr import check_mmr, check_one_query
@@ -90,7 +91,10 @@ class MilvusIndex(AsyncIndexMixin, GroupSearchMixin):
         index_params: index build parameters over the defaults (HNSW ``M=16, efConstruction=200``).
         search_params: search parameters (HNSW ``ef``, IVF ``nprobe``, CAGRA ``itopk_size``).
         scalar_fields: metadata keys stored as typed columns, ``{"price": "float", "lang": "str"}``
-            (kinds ``"str"``, ``"int"``, ``"float"``, ``"bool"``).
+            (kinds ``"str"``, ``"int"``, ``"float"``, ``"bool"``). Fixed when the collection is
+            created: a handle on an existing collection that names fewer (or none) adopts the
+            collection's, so every writer fills its columns; one naming a field the collection
+            does not type (or types otherwise) is refused.
         max_batch_size, max_wait_ms, max_queue: the search batcher's options (as VectorIndex's).
 
     Raises:
@@ -167,9 +171,8 @@ class MilvusIndex(AsyncIndexMixin, GroupSearchMixin):
             return self._client
 
     def _connect(self) -> Any:
-        pymilvus = import_pymilvus()
         o = self._options
-        client = pymilvus.MilvusClient(uri=o.uri, token=o.token)
+        client = open_client(o.uri, o.token)
         if not client.has_collection(o.collection):
             create_collection(client, o)
             return client
@@ -182,6 +185,10 @@ class MilvusIndex(AsyncIndexMixin, GroupSearchMixin):
                 f"scalar_fields={scalars} (asked: dim={o.dim}, metric={o.metric!r}, scalar_fields={o.scalar_fields}); "
                 "pass another collection= name, or MilvusIndex.load(uri, collection=...) to open it as it is."
             )
+        if scalars != o.scalar_fields:
+            # The collection types more keys than this handle named: adopt its columns, so that every
+            # handle fills them (a NULL column would hide the record from the typed filters).
+            self._options = replace(o, scalar_fields=dict(scalars))
         client.load_collection(o.collection)
         return client
 
@@ -211,8 +218,8 @@ class MilvusIndex(AsyncIndexMixin, GroupSearchMixin):
         upsert = check_upsert(ids, vectors, documents, metadatas, dim=self.dim, metric=self.metric)
         if not upsert.ids:
             return []
+        client = self._ensure()  # first: the columns to fill are the collection's (see _connect)
         rows = check_rows(upsert.unique_ids, upsert.vectors, upsert.documents, upsert.metadatas, self._options)
-        client = self._ensure()
         with self._lock.read():
             self._record_embedder(client, embedder, allow_other_embedder)
             for start in range(0, len(rows), _WRITE_CHUNK):
@@ -421,9 +428,8 @@ class MilvusIndex(AsyncIndexMixin, GroupSearchMixin):
                 raise SnapshotError(f"{pointer} is not a MilvusIndex pointer written by save(): {exc}") from exc
         else:
             uri, name = text, collection or "gpuprompt"
-        pymilvus = import_pymilvus()
         token = options.get("token", "")
-        probe = pymilvus.MilvusClient(uri=uri, token=token)
+        probe = open_client(uri, token)
         try:
             if not probe.has_collection(name):
                 raise SnapshotError(f"no Milvus collection {name!r} at {uri!r}; save() one, or create it with MilvusIndex(...).")

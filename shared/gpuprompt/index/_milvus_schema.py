@@ -13,10 +13,18 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpuprompt._validate import check_choice, check_int, check_number, check_str, fail
-from gpuprompt.errors import ConfigurationError, DependencyError, InvalidInputError, describe
+from gpuprompt.errors import ConfigurationError, DependencyError, InvalidInputError, VectorStoreError, describe
 from gpuprompt.index._milvus_filters import FOLDED_SUFFIX, SCALAR_KINDS
 
-__all__ = ["GPU_INDEX_TYPES", "INDEX_TYPES", "MilvusOptions", "check_rows", "create_collection", "resolve_options"]
+__all__ = [
+    "GPU_INDEX_TYPES",
+    "INDEX_TYPES",
+    "MilvusOptions",
+    "check_rows",
+    "create_collection",
+    "open_client",
+    "resolve_options",
+]
 
 INDEX_TYPES = (
     "HNSW",
@@ -179,6 +187,77 @@ def import_pymilvus() -> Any:
         raise DependencyError("MilvusIndex needs pymilvus (and milvus-lite for a local file): "
                               "pip install 'gpuprompt[milvus]'") from exc
     return pymilvus
+
+
+def open_client(uri: str, token: str = "") -> Any:
+    """A ``MilvusClient`` for ``uri`` whose failures are typed (see :class:`_TypedClient`).
+
+    Raises:
+        ConfigurationError: a Milvus Lite file that cannot be opened (held by another process).
+        VectorStoreError: the server cannot be reached.
+    """
+    pymilvus = import_pymilvus()
+    with _typed(uri, "connecting"):
+        return _TypedClient(pymilvus.MilvusClient(uri=uri, token=token), uri)
+
+
+class _TypedClient:
+    """A ``MilvusClient`` proxy: every call's pymilvus / gRPC failure becomes a gpuprompt error
+    naming the address and what Milvus said (iterators it returns are wrapped the same way)."""
+
+    def __init__(self, client: Any, uri: str) -> None:
+        self._client = client
+        self._uri = uri
+
+    def __getattr__(self, name: str) -> Any:
+        target = getattr(self._client, name)
+        if not callable(target):
+            return target
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            with _typed(self._uri, name):
+                out = target(*args, **kwargs)
+            if hasattr(out, "next") and hasattr(out, "close") and not isinstance(out, (list, dict)):
+                return _TypedClient(out, self._uri)
+            return out
+
+        return call
+
+
+class _typed:
+    """Translate pymilvus / gRPC failures inside the block (a context manager)."""
+
+    def __init__(self, uri: str, operation: str) -> None:
+        self.uri, self.operation = uri, operation
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: Any, exc: BaseException | None, tb: Any) -> bool:
+        if exc is None or not _is_milvus_failure(exc):
+            return False
+        where = _redacted(self.uri)
+        said = str(getattr(exc, "message", "") or exc) or type(exc).__name__
+        if not self.uri.startswith(_SCHEMES) and self.operation == "connecting":
+            raise ConfigurationError(
+                f"the Milvus Lite file {where!r} could not be opened ({said}). Milvus Lite locks a .db file to "
+                "one process: if another process has it open, close that one, use another file, or serve the "
+                "file to several processes with `milvus-lite server` and pass its http:// address."
+            ) from exc
+        raise VectorStoreError(
+            f"Milvus at {where!r} failed while {self.operation}: {said}. Check that the Milvus server is up "
+            "and reachable from here (and the collection exists), then retry."
+        ) from exc
+
+
+def _is_milvus_failure(exc: BaseException) -> bool:
+    module = type(exc).__module__ or ""
+    return module.startswith(("pymilvus", "grpc", "milvus_lite"))
+
+
+def _redacted(uri: str) -> str:
+    scheme, sep, rest = uri.partition("://")
+    return f"{scheme}://{rest.rpartition('@')[2]}" if sep else uri
 
 
 def create_collection(client: Any, options: MilvusOptions) -> None:

@@ -52,6 +52,7 @@ from gpuprompt.errors import (
     SessionStoreError,
     SnapshotError,
     UnsupportedFeatureError,
+    VectorStoreError,
 )
 
 __all__ = ["api_root", "error_from_event", "error_from_status", "redact", "transport_error"]
@@ -61,7 +62,7 @@ __all__ = ["api_root", "error_from_event", "error_from_status", "redact", "trans
 _SERVER_ERRORS: dict[str, type[GPUPromptError]] = {
     cls.__name__: cls
     for cls in (EngineError, EngineDeadError, RequestTimeoutError, ModelLoadError, QualityError, DependencyError,
-                DeviceOutOfMemoryError, SessionStoreError, SnapshotError)
+                DeviceOutOfMemoryError, SessionStoreError, SnapshotError, VectorStoreError)
 }
 _CONTEXT_RE = re.compile(r"has (\d+) tokens but the context window of .*? is (\d+) tokens", re.DOTALL)
 _FILTER_PATH_RE = re.compile(r"\s*\(at filter path ([^)]*)\)\s*$")

@@ -184,9 +184,9 @@ class Collections:
 
     def _adopt(self, name: str) -> Collection | None:
         """A collection another replica sharing ``vector_uri`` created since this one started, or None."""
-        from gpuprompt.index._milvus_schema import import_pymilvus
+        from gpuprompt.index._milvus_schema import open_client
 
-        client = import_pymilvus().MilvusClient(uri=self.vector_uri)
+        client = open_client(self.vector_uri)
         try:
             exists = client.has_collection(milvus_collection(name))
         finally:
@@ -248,9 +248,9 @@ class Collections:
             return self._restore_data_dir(self.data_dir)
         if self.vector_uri is None:
             return []
-        from gpuprompt.index._milvus_schema import import_pymilvus
+        from gpuprompt.index._milvus_schema import open_client
 
-        client = import_pymilvus().MilvusClient(uri=self.vector_uri)
+        client = open_client(self.vector_uri)
         try:
             names = sorted(n for n in map(server_name, client.list_collections()) if n is not None)
         finally:
