@@ -186,13 +186,15 @@ def check_json(
     *,
     max_depth: int = MAX_DEPTH,
     max_nodes: int = MAX_NODES,
+    int64: bool = True,
 ) -> Any:
     """Return a detached JSON copy of ``value``, or refuse it with the path of the first bad part.
 
     Accepts None, bool, ints within int64, finite floats, well-formed strs, lists/tuples and dicts
     with str keys. Tuples become lists. The walk is iterative and refuses cycles, nesting deeper
     than ``max_depth`` and more than ``max_nodes`` values, so nothing accepted here can later break
-    a save (JSON), a filter (int64 comparisons) or a worker (recursion).
+    a save (JSON), a filter (int64 comparisons) or a worker (recursion). ``int64=False`` accepts
+    ints of any size (a filter's operands: compared exactly, never stored).
     """
     root: list[Any] = [None]
     # (value, path, depth, container to write into, key in that container, ids of the ancestors)
@@ -210,7 +212,7 @@ def check_json(
             parent[slot] = item
         elif isinstance(item, int) or _is_numpy_integer(item):
             number = int(item)
-            if not INT64_MIN <= number <= INT64_MAX:
+            if int64 and not INT64_MIN <= number <= INT64_MAX:
                 raise InvalidInputError(
                     f"'{path}' must be an int within 64 bits (got {describe(item)}); store larger numbers as str."
                 )

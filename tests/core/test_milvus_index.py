@@ -302,7 +302,7 @@ def test_milvus_failures_are_typed(tmp_path) -> None:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     with pytest.raises(VectorStoreError, match=f"127.0.0.1:{port}"):
-        MilvusIndex(DIM, uri=f"http://127.0.0.1:{port}", collection="c").count
+        _ = MilvusIndex(DIM, uri=f"http://127.0.0.1:{port}", collection="c").count
     path = tmp_path / "held.db"
     holder = MilvusIndex(DIM, uri=str(path), collection="c")
     holder.add(["a"], np.ones((1, DIM), np.float32))

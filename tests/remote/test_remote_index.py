@@ -36,6 +36,10 @@ FILTERS = [
     {"wash": {"$contains": "hand"}},
     {"$not": {"type": "jeans"}},
     {"name": {"$icontains": "AURORA"}},
+    # operands past int64 are compared exactly in process (no stored int can equal one): the same here
+    {"price": {"$lt": 2**70}},
+    {"price": {"$in": [2**70, 40, 55]}},
+    {"$not": {"price": -(2**70)}},
 ]
 
 

@@ -10,8 +10,8 @@ import asyncio
 import json
 import threading
 import weakref
-from dataclasses import replace
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 

@@ -10,6 +10,7 @@ import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from types import TracebackType
 from typing import Any
 
 from gpuprompt._validate import check_choice, check_int, check_number, check_str, fail
@@ -233,7 +234,7 @@ class _typed:
     def __enter__(self) -> None:
         return None
 
-    def __exit__(self, kind: Any, exc: BaseException | None, tb: Any) -> bool:
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> bool:
         if exc is None or not _is_milvus_failure(exc):
             return False
         where = _redacted(self.uri)

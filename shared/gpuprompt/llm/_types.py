@@ -172,7 +172,8 @@ class EngineStats:
 
 
 def _number(name: str, value: Any, *, low: float, high: float | None = None, low_open: bool = False) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+    # (math.isfinite overflows on an int past float's range: ints are finite, compared exactly below)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or (isinstance(value, float) and not math.isfinite(value)):
         raise InvalidInputError(f"'{name}' must be a finite number (got {describe(value)}).")
     if value < low or (low_open and value == low) or (high is not None and value > high):
         bound = f"> {low}" if low_open else f">= {low}"

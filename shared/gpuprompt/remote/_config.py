@@ -73,8 +73,8 @@ class RemoteConfig:
             )
         for name in ("connect_timeout", "read_timeout"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
-                    or not 0 < value <= _MAX_TIMEOUT_S:
+            if isinstance(value, bool) or not isinstance(value, (int, float)) \
+                    or (isinstance(value, float) and not math.isfinite(value)) or not 0 < value <= _MAX_TIMEOUT_S:
                 raise ConfigurationError(f"'{name}' must be a number of seconds > 0 and <= {_MAX_TIMEOUT_S:g} "
                                          f"(got {describe(value)}).")
             object.__setattr__(self, name, float(value))

@@ -39,7 +39,7 @@ from gpuprompt.errors import DimensionMismatchError, InvalidInputError
 from gpuprompt.server._collections import COLLECTION_NAME_PATTERN, Collection, recorded_embedder
 from gpuprompt.server._errors import ApiError
 from gpuprompt.server._http import all_or_none, json_response
-from gpuprompt.server._schemas import HitModel, JSONObject, Metadata, Text, _int, _number, _Strict
+from gpuprompt.server._schemas import FilterObject, HitModel, Metadata, Text, _int, _number, _Strict
 
 if TYPE_CHECKING:
     from gpuprompt.index import Hit, Record
@@ -144,7 +144,7 @@ class DeleteRecordsRequest(_Strict):
 class IdsRequest(_Strict):
     """``POST /v1/collections/{name}/records/ids``: every id, or those of the records a filter matches."""
 
-    filter: JSONObject | None = None
+    filter: FilterObject | None = None
     """A metadata filter in the core's language (:mod:`gpuprompt.index.filters`), or None."""
 
 
@@ -164,7 +164,7 @@ class SearchModel(_Strict):
     """Query rows of the collection's dimension (exactly one for MMR)."""
     k: K
     """Hits per query (for MMR: the candidates fetched)."""
-    filter: JSONObject | None = None
+    filter: FilterObject | None = None
     """A metadata filter in the core's language, or None."""
     mmr: MMRModel | None = None
     """Re-rank the candidates by MMR (one query), or None for a plain search."""

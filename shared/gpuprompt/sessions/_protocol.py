@@ -234,7 +234,7 @@ def decode_record(data: bytes, index: int, dim: int) -> TurnRecord:
             and isinstance(created_at, (int, float))
             and math.isfinite(created_at)
         )
-    except (struct.error, UnicodeDecodeError, ValueError, KeyError, TypeError):
+    except (struct.error, UnicodeDecodeError, ValueError, KeyError, TypeError, OverflowError):
         ok = False
     if not ok:
         raise SnapshotError(
