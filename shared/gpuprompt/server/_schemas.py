@@ -10,11 +10,18 @@ JSON escape such as ``"\\ud800"`` decodes to a lone surrogate that no UTF-8 writ
 free-form JSON (metadata, filters, schemas) goes through :func:`gpuprompt._validate.check_json`,
 which bounds its nesting and size. A request that passes these models cannot make the core fail
 with anything but its own typed errors.
+
+In the OpenAI-compatible requests (and their nested objects) an explicit JSON ``null`` in an
+optional field means exactly what leaving the field out means: the field takes its default (OpenAI's
+spec marks these fields nullable, and some SDKs and hand-written clients send ``null`` for "the
+default"), so no code past these models sees None where the default is not None. A required field
+(``messages``, ``prompt``, ``input``) still refuses ``null`` with a 400.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import cache
 from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
@@ -111,6 +118,16 @@ ModelName = Annotated[str, Field(max_length=MAX_MODEL_NAME_LENGTH), _core(check_
 """The ``model`` field: a served model's id, last path segment or (non-strict) any name."""
 JSONObject = Annotated[dict[str, Any], AfterValidator(_json_object)]
 """A JSON object (str keys) nested at most ``MAX_DEPTH`` deep, with int64 ints and finite floats."""
+
+
+def _filter_object(value: dict[str, Any] | None) -> dict[str, Any] | None:
+    # As a JSON object, but ints of any size: the core compares filter operands exactly, so a
+    # filter the index takes in process is taken here too (``{"n": {"$lt": 2**70}}``).
+    return None if value is None else check_json(value, "$", max_depth=MAX_DEPTH, int64=False)
+
+
+FilterObject = Annotated[dict[str, Any], AfterValidator(_filter_object)]
+"""A metadata filter in the core's language: a JSON object as :data:`JSONObject`, any int size."""
 Metadata = Annotated[dict[str, Any] | None, _core(check_metadata)]
 """A record's metadata: a JSON object (``None`` becomes ``{}``)."""
 TokenCount = _int(1, MAX_TOKENS_LIMIT)
@@ -139,8 +156,50 @@ class _Request(BaseModel):
     model_config = ConfigDict(allow_inf_nan=False)
 
 
+@cache
+def _optional_keys(model: type[BaseModel]) -> frozenset[str]:
+    """The JSON keys of ``model``'s optional fields (those with a default), by alias where one is set.
+
+    Args:
+        model: A request model class.
+
+    Returns:
+        The keys an explicit ``null`` may be dropped from.
+    """
+    keys: set[str] = set()
+    for name, info in model.model_fields.items():
+        if not info.is_required():
+            alias = info.validation_alias if isinstance(info.validation_alias, str) else info.alias
+            keys.add(alias or name)
+    return frozenset(keys)
+
+
 class _OpenAIRequest(_Request):
     model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _null_means_default(cls, data: Any) -> Any:
+        """Drop the optional fields sent as ``null``, so they take their defaults as if omitted.
+
+        OpenAI's spec marks its optional request fields nullable and clients send ``null`` for "the
+        default"; a field whose default is not None (``temperature``, ``n``, ``stream``, ...) must
+        then get that default, never None, and its non-null values keep their checks. Required
+        fields are left alone, so a ``null`` there is still refused.
+
+        Args:
+            data: The raw input of the model (a JSON object, or anything a client sent instead).
+
+        Returns:
+            ``data`` without its optional ``null`` entries (``data`` itself when it has none, or
+            when it is not an object: the model's own checks refuse that).
+        """
+        if not isinstance(data, dict):
+            return data
+        optional = _optional_keys(cls)
+        if not any(value is None and key in optional for key, value in data.items()):
+            return data
+        return {key: value for key, value in data.items() if not (value is None and key in optional)}
 
 
 class _Strict(_Request):
@@ -291,7 +350,7 @@ class QueryRequest(_Strict):
     """The query text."""
     k: QueryK = 4
     """Most hits."""
-    filter: JSONObject | None = None
+    filter: FilterObject | None = None
     """A metadata filter in the core's language, e.g. ``{"price": {"$lt": 100}}``."""
 
 
@@ -313,7 +372,7 @@ class CollectionChatRequest(_Strict):
     """The user's message."""
     k: ChatK | None = None
     """Documents retrieved (default: the server's ``rag_k``)."""
-    filter: JSONObject | None = None
+    filter: FilterObject | None = None
     """A metadata filter for the retrieval."""
     max_tokens: TokenCount | None = None
     """Most tokens in the answer."""
