@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
+import logging
 import socket
 import subprocess
 import sys
@@ -396,3 +397,14 @@ def test_an_mmr_batched_with_a_larger_search_keeps_to_its_own_candidates(uri) ->
     assert asyncio.run(together()) == alone
     assert set(alone) <= {h.id for h in index.search(vectors[:1], k=8)[0]}
     index.drop()
+
+
+def test_milvus_lite_probes_do_not_log_errors(tmp_path, caplog) -> None:
+    # pymilvus probes AllocTimestamp while an index builds; Milvus Lite does not implement it and
+    # grpc used to log that at ERROR with a traceback although nothing failed.
+    with caplog.at_level(logging.ERROR):
+        index = MilvusIndex(DIM, uri=str(tmp_path / "quiet.db"), collection="c")
+        index.add(["a"], np.ones((1, DIM), np.float32))
+        assert index.count == 1
+    assert not [r for r in caplog.records if "Method not implemented" in (r.getMessage() + str(r.exc_info))]
+    index.close()

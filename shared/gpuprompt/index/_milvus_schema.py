@@ -6,6 +6,7 @@ Nothing here imports pymilvus until a collection is opened or created.
 from __future__ import annotations
 
 import json
+import logging
 import math
 import re
 from collections.abc import Mapping
@@ -198,8 +199,29 @@ def open_client(uri: str, token: str = "") -> Any:
         VectorStoreError: the server cannot be reached.
     """
     pymilvus = import_pymilvus()
+    if not uri.startswith(_SCHEMES):
+        _quiet_lite_probes()
     with _typed(uri, "connecting"):
         return _TypedClient(pymilvus.MilvusClient(uri=uri, token=token), uri)
+
+
+class _UnimplementedProbe(logging.Filter):
+    """Drops gRPC's error log of an RPC the in-process Milvus Lite server does not implement.
+
+    pymilvus probes optional methods (``AllocTimestamp`` while waiting for an index build) and falls
+    back when they are missing; Milvus Lite's gRPC servicer answers UNIMPLEMENTED, which grpc logs
+    at ERROR with a traceback although nothing failed. Every other gRPC log record passes.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        return not (isinstance(exc, NotImplementedError) and "Method not implemented" in str(exc))
+
+
+def _quiet_lite_probes() -> None:
+    grpc_server = logging.getLogger("grpc._server")
+    if not any(isinstance(f, _UnimplementedProbe) for f in grpc_server.filters):
+        grpc_server.addFilter(_UnimplementedProbe())
 
 
 class _TypedClient:
