@@ -259,7 +259,9 @@ class _typed:
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> bool:
         if exc is None or not _is_milvus_failure(exc):
             return False
-        where = _redacted(self.uri)
+        from gpuprompt.remote._errors import redact  # the one credential scrubber (a light module)
+
+        where = redact(self.uri)
         said = str(getattr(exc, "message", "") or exc) or type(exc).__name__
         if not self.uri.startswith(_SCHEMES) and self.operation == "connecting":
             raise ConfigurationError(
@@ -276,11 +278,6 @@ class _typed:
 def _is_milvus_failure(exc: BaseException) -> bool:
     module = type(exc).__module__ or ""
     return module.startswith(("pymilvus", "grpc", "milvus_lite"))
-
-
-def _redacted(uri: str) -> str:
-    scheme, sep, rest = uri.partition("://")
-    return f"{scheme}://{rest.rpartition('@')[2]}" if sep else uri
 
 
 def create_collection(client: Any, options: MilvusOptions) -> None:
