@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 from gpuprompt import VectorIndex
 from gpuprompt.errors import DimensionMismatchError, FilterError, InputTypeError, InvalidInputError
+from index_helpers import check_mmr_batched_with_a_larger_search
 
 DIM = 8
 N = 60
@@ -247,18 +248,4 @@ async def test_cancelling_adds_at_random_moments_leaves_each_whole_or_absent() -
 
 
 def test_an_mmr_batched_with_a_larger_search_keeps_to_its_own_candidates() -> None:
-    # A coalesced batch searches with its largest k; an MMR request must still choose among its own
-    # fetch_k best matches only, so its answer never depends on who else was searching.
-    vectors = np.random.default_rng(2).standard_normal((300, DIM)).astype(np.float32)
-    index = VectorIndex(DIM, backend="torch", device="cpu", max_wait_ms=50)
-    index.add([f"x{i}" for i in range(300)], vectors)
-    alone = [h.id for h in index.mmr(vectors[0], k=4, fetch_k=8, lambda_mult=0.0)]
-
-    async def together() -> list[str]:
-        picked, _ = await asyncio.gather(
-            index.ammr(vectors[0], k=4, fetch_k=8, lambda_mult=0.0), index.asearch(vectors[1:2], k=100)
-        )
-        return [h.id for h in picked]
-
-    assert asyncio.run(together()) == alone
-    assert set(alone) <= {h.id for h in index.search(vectors[:1], k=8)[0]}
+    check_mmr_batched_with_a_larger_search(VectorIndex(DIM, backend="torch", device="cpu", max_wait_ms=50), DIM)

@@ -31,6 +31,7 @@ from gpuprompt.errors import (
     SnapshotError,
 )
 from gpuprompt.index import IndexLike, MilvusIndex, check_index, load_index
+from index_helpers import check_mmr_batched_with_a_larger_search
 
 DIM = 8
 
@@ -383,19 +384,8 @@ def test_rag_pipeline_answers_over_a_milvus_index(uri, embedder, tf_engine) -> N
 
 
 def test_an_mmr_batched_with_a_larger_search_keeps_to_its_own_candidates(uri) -> None:
-    vectors = np.random.default_rng(2).standard_normal((300, DIM)).astype(np.float32)
     index = fresh(uri, max_wait_ms=50)
-    index.add([f"x{i}" for i in range(300)], vectors)
-    alone = [h.id for h in index.mmr(vectors[0], k=4, fetch_k=8, lambda_mult=0.0)]
-
-    async def together() -> list[str]:
-        picked, _ = await asyncio.gather(
-            index.ammr(vectors[0], k=4, fetch_k=8, lambda_mult=0.0), index.asearch(vectors[1:2], k=100)
-        )
-        return [h.id for h in picked]
-
-    assert asyncio.run(together()) == alone
-    assert set(alone) <= {h.id for h in index.search(vectors[:1], k=8)[0]}
+    check_mmr_batched_with_a_larger_search(index, DIM)
     index.drop()
 
 
