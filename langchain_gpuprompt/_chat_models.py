@@ -536,7 +536,9 @@ class ChatGPUPrompt(BaseChatModel):
         trace = {"kwargs": {"method": method, "strict": strict}, "schema": schema}
         if method == "function_calling":
             name = convert_to_openai_tool(schema)["function"]["name"]
-            llm = self.bind_tools([schema], tool_choice=name, strict=strict, ls_structured_output_format=trace)
+            # One call of the schema's tool, as langchain-openai binds it.
+            llm = self.bind_tools([schema], tool_choice=name, strict=strict, parallel_tool_calls=False,
+                                  ls_structured_output_format=trace)
             parser: Runnable = (
                 PydanticToolsParser(tools=[schema], first_tool_only=True)  # type: ignore[list-item]
                 if pydantic_schema

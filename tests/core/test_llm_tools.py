@@ -15,7 +15,7 @@ import pytest
 
 from gpuprompt.errors import InputTypeError, InvalidInputError, UnsupportedFeatureError
 from gpuprompt.llm import GenerationRequest, LLMEngine, StreamDelta, ToolCall, ToolCallDelta, ToolSpec
-from gpuprompt.llm._tool_format import ToolOutputParser, ToolPlan, plan_tools
+from gpuprompt.llm._tool_format import ToolOutputParser, ToolPlan, instruction, plan_tools
 
 WEATHER = {
     "type": "function",
@@ -227,14 +227,25 @@ def test_parser_streamed_equals_whole(split: int) -> None:
     assert run(cases[3][0], [cases[3][1]])[0] == "Let me check."
 
 
-def test_parser_keeps_cut_or_foreign_output_as_text() -> None:
-    # A list cut short keeps its complete calls; a single call cut short stays text.
+def test_parser_never_hands_out_cut_call_or_wrapper_json() -> None:
+    # A list cut short keeps its complete calls and drops the cut one; with none complete, nothing.
     text, _, calls = run(plan(tool_choice="required"), ['[{"name":"get_time","arguments":{"tz":"UTC"}},{"na'])
     assert [c.name for c in calls] == ["get_time"] and text == ""
+    assert run(plan(tool_choice="required"), ['[{"name":"get_time","argu'])[0::2] == ("", [])
+    # A single call cut short, or the answer's wrapper cut before its content: no text, no call.
     cut = '{"name":"get_weather","argu'
-    assert run(plan(tool_choice="required", parallel_tool_calls=False), [cut])[:3:2] == (cut, [])
-    # An answer cut short keeps its prose.
+    assert run(plan(tool_choice="required", parallel_tool_calls=False), [cut])[0::2] == ("", [])
+    for wrapper in ['{"name":"__answer__",', '{"name":"__answ', '{"name":"__answer__","arguments":{"content":', "{"]:
+        for split in (1, 1000):
+            pieces = [wrapper[i : i + split] for i in range(0, len(wrapper), split)]
+            assert run(plan(), pieces)[0::2] == ("", [])
+    # An answer cut short keeps its prose, decoded (an escape cut in half is left out).
     assert run(plan(), ['{"name":"__answer__","arguments":{"content":"Par'])[0] == "Par"
+    for cut_answer, prose in [('"a \\"q\\" \\u00e9\\', 'a "q" \u00e9'), ('"x\\u00', "x"),
+                              ('"y\\ud83d\\ude0', "y"), ('"z\\ud83d\\ude00', "z\U0001F600")]:
+        raw = '{"name":"__answer__","arguments":{"content":' + cut_answer
+        for split in (1, 1000):
+            assert run(plan(), [raw[i : i + split] for i in range(0, len(raw), split)])[0] == prose
     # Tagged: unknown tools and broken blocks stay in the text; parallel off keeps the first call.
     tagged = plan(native=True, parallel_tool_calls=False)
     raw = ('A<tool_call>{"name": "nope", "arguments": {}}</tool_call>B<tool_call>{oops</tool_call>'
@@ -258,6 +269,109 @@ def test_plans_follow_tool_choice() -> None:
     assert plan(tool_choice="required").schema["type"] == "array"
     auto = plan(parallel_tool_calls=False).schema["anyOf"]
     assert [o["properties"]["name"]["enum"][0] for o in auto] == ["__answer__", "get_weather", "get_time"]
+    # A named choice is exactly one call of that tool, whatever parallel_tool_calls says.
+    for parallel in (True, False):
+        named_plan = plan(tool_choice="get_time", parallel_tool_calls=parallel)
+        assert named_plan.schema["type"] == "object" and not named_plan.parallel
+        assert "JSON list" not in instruction(named_plan)
+
+
+# ---------------------------------------------------------------------- nested schemas ($defs)
+ADDRESS = {"type": "object", "properties": {"city": {"type": "string"}, "country": {"type": "string"}},
+           "required": ["city", "country"], "additionalProperties": False}
+CUSTOMER = {"type": "object", "properties": {"name": {"type": "string"}, "address": {"$ref": "#/$defs/Address"}},
+            "required": ["name", "address"], "additionalProperties": False}
+# What openai.pydantic_function_tool(Lookup) sends for Lookup{customer: Customer{address: Address}}.
+LOOKUP = {"type": "function", "function": {"name": "Lookup", "description": "Look up a customer.", "strict": True,
+                                           "parameters": {
+    "$defs": {"Address": ADDRESS, "Customer": CUSTOMER},
+    "type": "object", "properties": {"customer": {"$ref": "#/$defs/Customer"}}, "required": ["customer"],
+    "additionalProperties": False}}}
+# Another tool whose own "Address" differs (old-style "definitions"): a name collision.
+SHIP = {"name": "ship", "parameters": {
+    "definitions": {"Address": {"type": "object", "properties": {"street": {"type": "string"}}, "required": ["street"]}},
+    "type": "object", "properties": {"to": {"$ref": "#/definitions/Address"}}, "required": ["to"]}}
+# A recursive tool whose references point at its own root.
+TREE = {"name": "tree", "parameters": {"type": "object", "properties": {
+    "label": {"type": "string"}, "children": {"type": "array", "items": {"$ref": "#"}, "maxItems": 1}},
+    "required": ["label"]}}
+
+
+def resolve(schema: dict, ref: str) -> dict:
+    assert ref.startswith("#/")
+    node = schema
+    for token in ref[2:].split("/"):
+        node = node[token.replace("~1", "/").replace("~0", "~")]
+    return node
+
+
+def all_refs(node) -> list[str]:
+    if isinstance(node, dict):
+        return [v for k, v in node.items() if k == "$ref"] + [r for v in node.values() for r in all_refs(v)]
+    if isinstance(node, list):
+        return [r for v in node for r in all_refs(v)]
+    return []
+
+
+def test_nested_tool_schemas_keep_their_definitions_at_the_root() -> None:
+    from gpuprompt.llm._guided import check_constraint
+
+    request = GenerationRequest(messages=ASK, tools=[LOOKUP, SHIP, TREE], parallel_tool_calls=False,
+                                response_format={"type": "json_schema", "json_schema": {"name": "C", "schema": {
+                                    "$defs": {"Address": ADDRESS}, **CUSTOMER}}})
+    schema = plan_tools(request, False).schema
+    defs = schema["$defs"]
+    refs = all_refs(schema)
+    assert refs and all(r.startswith("#/$defs/") for r in refs)
+    for ref in refs:
+        resolve(schema, ref)  # every reference resolves in the combined schema
+    assert "definitions" not in json.dumps(schema) and len([k for k in defs if k.startswith("Address")]) == 3
+    ship = schema["anyOf"][2]["properties"]["arguments"]
+    assert resolve(schema, ship["properties"]["to"]["$ref"])["required"] == ["street"]
+    tree = schema["anyOf"][3]["properties"]["arguments"]
+    assert resolve(schema, tree["$ref"])["properties"]["label"] == {"type": "string"}
+    check_constraint(plan_tools(request, False).guided, "tools")
+    # The tool's own schema is untouched.
+    assert request.tools[0].parameters["properties"]["customer"] == {"$ref": "#/$defs/Customer"}
+
+
+def test_a_tool_schema_that_cannot_compile_names_tools(tf_engine: LLMEngine) -> None:
+    broken = {"name": "broken", "parameters": {"type": "object", "properties": {"a": {"$ref": "#/$defs/Missing"}}}}
+    with pytest.raises(InvalidInputError, match=r"^'tools' could not be compiled"):
+        tf_engine.generate([GenerationRequest(messages=ASK, tools=[broken], tool_choice="required", max_tokens=4)])
+    with pytest.raises(InvalidInputError, match=r"^'response_format' could not be compiled"):
+        tf_engine.generate([GenerationRequest(messages=ASK, tools=TOOLS, max_tokens=4, response_format={
+            "type": "object", "properties": {"a": {"$ref": "#/$defs/Missing"}}})])
+
+
+def test_nested_tools_and_response_formats_decode(tf_engine: LLMEngine) -> None:
+    pydantic = pytest.importorskip("pydantic")
+
+    class Address(pydantic.BaseModel):
+        city: str
+        country: str
+
+    class Customer(pydantic.BaseModel):
+        name: str
+        address: Address
+
+    class Lookup(pydantic.BaseModel):
+        customer: Customer
+
+    ask_bob = [{"role": "user", "content": "Look up Bob from Paris, France."}]
+    called, answered = tf_engine.generate([
+        GenerationRequest(messages=ask_bob, tools=[LOOKUP], tool_choice="required", max_tokens=80),
+        GenerationRequest(messages=ask_bob, tools=[SHIP], max_tokens=80, response_format={
+            "type": "json_schema", "json_schema": {"name": "C", "schema": Customer.model_json_schema()}}),
+    ])
+    assert called.finish_reason == "tool_calls" and called.tool_calls
+    for call in called.tool_calls:
+        assert call.name == "Lookup"
+        Lookup.model_validate(call.args)
+    if answered.tool_calls:
+        assert all(set(c.args) == {"to"} for c in answered.tool_calls)
+    elif answered.finish_reason == "stop":
+        Customer.model_validate_json(answered.text)
 
 
 # ---------------------------------------------------------------------- prompt format
@@ -357,8 +471,9 @@ def test_required_and_named_choices_return_typed_calls(engine: LLMEngine, parall
         for call in result.tool_calls:
             check_call(call)
     assert {c.name for c in named.tool_calls} == {"get_time"}
+    assert len(named.tool_calls) == 1  # a named choice is one call, even with parallel_tool_calls
     if not parallel:
-        assert len(required.tool_calls) == len(named.tool_calls) == 1
+        assert len(required.tool_calls) == 1
 
 
 def test_auto_answers_in_prose_or_calls_and_none_never_calls(engine: LLMEngine) -> None:
@@ -399,7 +514,8 @@ def test_streamed_tool_calls_concatenate_to_the_generated_ones(engine: LLMEngine
 
 
 def test_a_tool_result_in_the_history_is_answered(engine: LLMEngine) -> None:
-    request = GenerationRequest(messages=HISTORY, tools=TOOLS, max_tokens=16)
+    # Room for the answer's wrapper and some prose: a reply cut inside the wrapper is empty.
+    request = GenerationRequest(messages=HISTORY, tools=TOOLS, max_tokens=32)
     [result] = engine.generate([request])
     assert result.usage.prompt_tokens == engine.count_tokens(request)
     assert result.text or result.tool_calls
@@ -440,3 +556,47 @@ def test_auto_with_a_constraint_shapes_the_prose_answer(engine: LLMEngine) -> No
     for result in (choice, structured):
         for call in result.tool_calls:
             check_call(call)
+
+
+# ---------------------------------------------------------------------- cut short, stop strings
+def _streamed(engine: LLMEngine, request: GenerationRequest) -> tuple[str, list[tuple[str, str]], str | None]:
+    deltas = list(engine.stream(request))
+    calls = [(name, args) for _, name, args in merged([c for d in deltas for c in d.tool_calls])]
+    return "".join(d.text for d in deltas), calls, deltas[-1].finish_reason
+
+
+def test_a_reply_cut_by_max_tokens_holds_no_wrapper_or_cut_call(tf_engine: LLMEngine) -> None:
+    requests = [ask(max_tokens=14), ask(tool_choice="required", max_tokens=10),
+                ask(tool_choice="required", parallel_tool_calls=False, max_tokens=10)]
+    for request, result in zip(requests, tf_engine.generate(requests)):
+        assert result.finish_reason == "length" and result.usage.completion_tokens == request.max_tokens
+        assert "{" not in result.text and "__answer__" not in result.text and not result.tool_calls
+        assert _streamed(tf_engine, request) == (result.text, [], "length")
+
+
+def test_length_wins_over_tool_calls_when_the_limit_stopped_the_reply(tf_engine: LLMEngine) -> None:
+    request = ask(tool_choice="required", max_tokens=64)
+    [whole] = tf_engine.generate([request])
+    assert whole.finish_reason == "tool_calls" and whole.tool_calls
+    # One token fewer: the end-of-sequence token is not reached, the limit stops the reply.
+    limited = ask(tool_choice="required", max_tokens=whole.usage.completion_tokens - 1)
+    [cut] = tf_engine.generate([limited])
+    assert cut.finish_reason == "length" and cut.text == ""
+    assert [(c.name, c.args) for c in cut.tool_calls] == [(c.name, c.args) for c in whole.tool_calls]
+    text, calls, finish = _streamed(tf_engine, limited)
+    assert (text, finish) == ("", "length") and [n for n, _ in calls] == [c.name for c in whole.tool_calls]
+
+
+def test_stop_strings_apply_to_the_answer_not_the_wrapper(tf_engine: LLMEngine) -> None:
+    hello = [{"role": "user", "content": "Say hello to me."}]
+    [free] = tf_engine.generate([GenerationRequest(messages=hello, tools=TOOLS, max_tokens=40)])
+    if free.tool_calls or len(free.text.split()) < 4:
+        pytest.skip(f"the model did not answer in prose here ({free!r})")
+    # '"name"' and '"content"' are in the wrapper JSON, never in this answer: they must not stop it.
+    stops = ['"name"', '"content"', free.text.split()[3]]
+    cut_at = min(i for i in (free.text.find(s) for s in stops) if i >= 0)
+    request = GenerationRequest(messages=hello, tools=TOOLS, max_tokens=40, stop=stops)
+    [stopped] = tf_engine.generate([request])
+    assert stopped.text == free.text[:cut_at] and stopped.finish_reason == "stop"
+    assert stopped.usage.completion_tokens < free.usage.completion_tokens  # the request ended early
+    assert _streamed(tf_engine, request) == (stopped.text, [], "stop")

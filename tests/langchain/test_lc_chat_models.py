@@ -333,3 +333,50 @@ def test_token_count_includes_bound_tools(lc_chat: ChatGPUPrompt) -> None:
     assert lc_chat.get_num_tokens_from_messages(messages, tools=[order_status]) > lc_chat.get_num_tokens_from_messages(
         messages
     )
+
+
+class Address(BaseModel):
+    city: str
+    country: str
+
+
+class Customer(BaseModel):
+    """A customer and where they live."""
+
+    name: str
+    address: Address
+
+
+def test_nested_models_work_as_structured_output_and_tools(lc_chat: ChatGPUPrompt) -> None:
+    chat = ChatGPUPrompt(backend=lc_chat.backend, max_tokens=64)
+    prompt = "Bob lives in Paris, France. Give the customer as JSON."
+    assert isinstance(chat.with_structured_output(Customer, method="json_schema").invoke(prompt), Customer)
+    # function_calling binds parallel_tool_calls=False (as langchain-openai): one call, then the reply ends.
+    raw = chat.with_structured_output(Customer, method="function_calling", include_raw=True).invoke(prompt)
+    assert raw["parsing_error"] is None and isinstance(raw["parsed"], Customer)
+    assert len(raw["raw"].tool_calls) == 1 and raw["raw"].response_metadata["finish_reason"] == "tool_calls"
+    # A nested tool beside a nested response format, with "auto".
+    message = chat.bind_tools([Address], response_format=json_schema_of(Customer)).invoke(prompt)
+    assert not message.invalid_tool_calls
+    for call in message.tool_calls:
+        Address.model_validate(call["args"])
+
+
+def json_schema_of(model: type[BaseModel]) -> dict[str, Any]:
+    return {"type": "json_schema", "json_schema": {"name": model.__name__, "schema": model.model_json_schema()}}
+
+
+def test_a_named_tool_choice_is_one_call(lc_chat: ChatGPUPrompt) -> None:
+    chat = ChatGPUPrompt(backend=lc_chat.backend, max_tokens=96)
+    message = chat.bind_tools([order_status, refund], tool_choice="order_status").invoke("Where is order 42?")
+    assert [c["name"] for c in message.tool_calls] == ["order_status"]
+    assert message.response_metadata["finish_reason"] == "tool_calls"
+    assert message.usage_metadata["output_tokens"] < 40  # the reply ended after its one call
+
+
+def test_stop_strings_and_cut_replies_never_show_wrapper_json(lc_chat: ChatGPUPrompt) -> None:
+    chat = ChatGPUPrompt(backend=lc_chat.backend, max_tokens=14)
+    for message in (chat.bind_tools([order_status]).invoke("Where is order 42?", stop=["name"]),
+                    chat.bind_tools([order_status], max_tokens=10).invoke("Where is order 42?")):
+        assert "{" not in message.content and "__answer__" not in message.content
+        assert not message.invalid_tool_calls

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from pydantic import BaseModel
 from llama_index.core.base.llms.types import ChatMessage, ChatResponse, MessageRole, TextBlock, ToolCallBlock
 from llama_index.core.instrumentation import get_dispatcher
 from llama_index.core.instrumentation.event_handlers import BaseEventHandler
@@ -280,3 +281,35 @@ async def test_agent_workflow_runs_the_agent(llm: GPUPromptLLM) -> None:
     answer, results = await _run(workflow, "What does the Aurora dress cost?")
     assert answer == "The Aurora dress costs 40 euros."
     assert [r.tool_name for r in results] == ["get_price"]
+
+
+class NestedAddress(BaseModel):
+    city: str
+    country: str
+
+
+class NestedCustomer(BaseModel):
+    name: str
+    address: NestedAddress
+
+
+class RegisterArgs(BaseModel):
+    customer: NestedCustomer
+
+
+def register(customer: NestedCustomer) -> str:
+    """Register a customer."""
+    return "ok"
+
+
+def test_chat_with_tools_takes_a_tool_whose_argument_is_a_nested_model(li_llm: GPUPromptLLM) -> None:
+    # The schema is given: this module's postponed annotations keep LlamaIndex from resolving the
+    # signature's nested model itself.
+    tool = FunctionTool.from_defaults(fn=register, fn_schema=RegisterArgs)
+    assert "$defs" in json.dumps(tool.metadata.get_parameters_dict())  # "#/$defs/..." references
+    llm = GPUPromptLLM(engine=li_llm.engine, max_tokens=80)
+    response = llm.chat_with_tools([tool], user_msg="Register Bob from Paris, France.", tool_required=True)
+    assert response.raw["finish_reason"] == "tool_calls"
+    [selection] = llm.get_tool_calls_from_response(response)
+    assert selection.tool_name == "register"
+    NestedCustomer.model_validate(selection.tool_kwargs["customer"])

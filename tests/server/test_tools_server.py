@@ -256,3 +256,87 @@ def test_bad_tool_and_sampling_requests_are_400_naming_the_field(http, payload, 
     assert error["type"] == "invalid_request_error"
     assert (error["param"] or "").startswith(param), error
     assert fragment in error["message"], error
+
+
+def test_the_stream_helper_gives_content_none_for_calls_and_text_for_prose(openai_client) -> None:
+    options = {"model": CHAT, "messages": ASK, "max_tokens": 48, "temperature": 0, "tools": [WEATHER],
+               "tool_choice": "required", "parallel_tool_calls": False}
+    with openai_client.chat.completions.stream(**options) as stream:
+        for _ in stream:
+            pass
+        calls = stream.get_final_completion().choices[0]
+    assert calls.finish_reason == "tool_calls" and len(calls.message.tool_calls) == 1
+    assert calls.message.content is None  # as non-streamed: a reply of calls only has no content
+    assert _call(openai_client, **{k: v for k, v in options.items() if k != "model"}).choices[0].message.content is None
+    # A text reply (tools bound, "none"), ended by a stop string: the helper refuses a reply cut by max_tokens.
+    prose = {**options, "tool_choice": "none", "max_tokens": 32, "stop": [" "]}
+    with openai_client.chat.completions.stream(**prose) as stream:
+        for _ in stream:
+            pass
+        text = stream.get_final_completion().choices[0]
+    assert text.finish_reason == "stop" and isinstance(text.message.content, str) and text.message.tool_calls is None
+    raw = list(_call(openai_client, stream=True, **{k: v for k, v in prose.items() if k != "model"}))
+    assert raw[0].choices[0].delta.content == ""  # OpenAI's opening chunk of a text reply
+
+
+class Address(BaseModel):
+    city: str
+    country: Literal["France", "Italy"]
+
+
+class Customer(BaseModel):
+    name: str
+    address: Address
+
+
+class Lookup(BaseModel):
+    """Look up a customer."""
+
+    customer: Customer
+
+
+def test_nested_pydantic_tools_and_response_formats_are_served(openai_client) -> None:
+    # openai.pydantic_function_tool sends "$defs" with "#/$defs/..." references.
+    tool = openai.pydantic_function_tool(Lookup)
+    assert "$defs" in tool["function"]["parameters"]
+    messages = [{"role": "user", "content": "Look up Bob from Paris, France."}]
+    parsed = openai_client.chat.completions.parse(model=CHAT, messages=messages, tools=[tool], tool_choice="required",
+                                                  parallel_tool_calls=False, max_tokens=80, temperature=0)
+    [choice] = parsed.choices
+    assert choice.finish_reason == "tool_calls"
+    assert isinstance(choice.message.tool_calls[0].function.parsed_arguments, Lookup)
+    # A nested response format beside tools (auto): an answer follows the format, or a call the tool.
+    both = openai_client.chat.completions.parse(model=CHAT, messages=messages, response_format=Customer,
+                                                tools=[openai.pydantic_function_tool(Address)], max_tokens=80,
+                                                temperature=0)
+    message = both.choices[0].message
+    if message.tool_calls:
+        assert all(isinstance(c.function.parsed_arguments, Address) for c in message.tool_calls)
+    elif both.choices[0].finish_reason == "stop":
+        assert isinstance(message.parsed, Customer)
+
+
+def test_a_tool_schema_that_cannot_compile_is_a_400_naming_tools(http) -> None:
+    broken = {"type": "function", "function": {"name": "f", "parameters": {
+        "type": "object", "properties": {"p": {"$ref": "#/$defs/Missing"}}, "required": ["p"]}}}
+    response = http.post("/v1/chat/completions", json={"messages": ASK, "max_tokens": 2, "tools": [broken],
+                                                       "tool_choice": "required"})
+    assert response.status_code == 400, response.text
+    assert response.json()["error"]["param"] == "tools"
+
+
+def test_a_reply_cut_short_or_stopped_holds_no_wrapper_json(openai_client) -> None:
+    for stream in (False, True):
+        options = {"tools": [WEATHER, PRICE], "tool_choice": "required", "max_tokens": 10}
+        if stream:
+            chunks = list(_call(openai_client, stream=True, **options))
+            content = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+            calls = [tc for c in chunks if c.choices for tc in (c.choices[0].delta.tool_calls or [])]
+            finish = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+        else:
+            [choice] = _call(openai_client, **options).choices
+            content, calls, finish = choice.message.content or "", choice.message.tool_calls or [], [choice.finish_reason]
+        assert (content, calls, finish) == ("", [], ["length"])
+    # With "auto", a stop string applies to the answer: the wrapper's '"name"' does not stop it.
+    [choice] = _call(openai_client, tools=[WEATHER], tool_choice="auto", max_tokens=14, stop=['"name"', "{"]).choices
+    assert "{" not in (choice.message.content or "") and "__answer__" not in (choice.message.content or "")

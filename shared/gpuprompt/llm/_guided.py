@@ -20,15 +20,42 @@ from typing import Any
 
 from gpuprompt.errors import DependencyError, InvalidInputError
 
-__all__ = ["GrammarCache", "GuidedProcessor", "PenaltyProcessor", "check_constraint", "choice_grammar"]
+__all__ = ["GrammarCache", "GuidedProcessor", "PenaltyProcessor", "check_constraint", "choice_grammar",
+           "constraints_to_check"]
 
 _FIELDS = {"json": "response_format", "json_object": "response_format", "regex": "guided_regex",
            "choice": "guided_choice"}
 
 
-def check_constraint(guided: Mapping[str, Any]) -> None:
+def _field(guided: Mapping[str, Any], field: str | None) -> str:
+    return field if field is not None else _FIELDS.get(next(iter(guided)), "guided")
+
+
+def constraints_to_check(prepared: Any) -> list[tuple[Mapping[str, Any], str | None]]:
+    """The constraints to compile to check a prepared request, each with the request field to name
+    when it fails (None: the field of the constraint's kind).
+
+    A reply with tools decoded under a schema is checked as the user's own constraint first (a
+    ``response_format`` that fails is named so), then as the combined schema, which then can only
+    fail for the tools' schemas (named ``tools``).
+    """
+    guided = prepared.guided
+    if guided is None:
+        return []
+    plan = prepared.tool_plan
+    if plan is None or plan.kind != "json":
+        return [(guided, None)]
+    own = prepared.request.guided
+    return [*([(own, None)] if own is not None else []), (guided, "tools")]
+
+
+def check_constraint(guided: Mapping[str, Any], field: str | None = None) -> None:
     """Parse a normalised constraint with xgrammar (no tokenizer needed), so a schema or regex it
     cannot take fails at the caller's line on any backend that decodes with xgrammar.
+
+    Args:
+        guided: the normalised constraint.
+        field: the request field to name when it fails (default: the field of its kind).
 
     Raises:
         InvalidInputError: the constraint cannot be compiled (the message names the field).
@@ -45,8 +72,7 @@ def check_constraint(guided: Mapping[str, Any]) -> None:
         elif "choice" in guided:
             xgr.Grammar.from_ebnf(choice_grammar(guided["choice"]))
     except Exception as exc:  # noqa: BLE001 - xgrammar raises RuntimeError/ValueError with its parser's message
-        field = _FIELDS.get(next(iter(guided)), "guided")
-        raise InvalidInputError(f"'{field}' could not be compiled for guided decoding: {exc}") from None
+        raise InvalidInputError(f"'{_field(guided, field)}' could not be compiled for guided decoding: {exc}") from None
 
 logger = logging.getLogger(__name__)
 
@@ -84,8 +110,12 @@ class GrammarCache:
         self._compiler = xgr.GrammarCompiler(self.info, max_threads=2, cache_enabled=True)
         self._lock = threading.Lock()
 
-    def compile(self, guided: Mapping[str, Any]) -> Any:
+    def compile(self, guided: Mapping[str, Any], field: str | None = None) -> Any:
         """The compiled grammar of a normalised constraint.
+
+        Args:
+            guided: the normalised constraint.
+            field: the request field to name when it fails (default: the field of its kind).
 
         Raises:
             InvalidInputError: xgrammar cannot compile it (an unsupported schema or regex).
@@ -103,8 +133,9 @@ class GrammarCache:
                 if "choice" in guided:
                     return compiler.compile_grammar(choice_grammar(guided["choice"]))
         except Exception as exc:  # noqa: BLE001 - xgrammar raises RuntimeError/ValueError with its parser's message
-            field = _FIELDS.get(next(iter(guided)), "guided")
-            raise InvalidInputError(f"'{field}' could not be compiled for guided decoding: {exc}") from None
+            raise InvalidInputError(
+                f"'{_field(guided, field)}' could not be compiled for guided decoding: {exc}"
+            ) from None
         raise InvalidInputError(f"unknown guided-decoding constraint {sorted(guided)}.")
 
     def matcher(self, compiled: Any) -> Any:

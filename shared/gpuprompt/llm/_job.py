@@ -33,7 +33,7 @@ class Text:
 
 @dataclass(frozen=True)
 class End:
-    """The job finished (``"stop"``, ``"length"`` or ``"abort"``)."""
+    """The job finished (``"stop"``, ``"length"``, ``"tool_calls"`` or ``"abort"``)."""
 
     result: GenerationResult
 
@@ -80,6 +80,15 @@ class Job:
         # With tools in play the model's raw text is parsed into prose and tool calls as it comes.
         plan = prepared.tool_plan
         self._parser = ToolOutputParser(plan) if plan is not None and plan.kind != "off" else None
+        # Stop strings of a parsed reply apply to its prose (the answer the user reads), not to the
+        # raw text (call or wrapper JSON): the job checks them itself, holding back the prose that
+        # could still begin one, and asks the backend to end the row when one is met.
+        self._stops: tuple[str, ...] = tuple(prepared.request.stop) if self._parser is not None else ()
+        self._hold = max((len(s) for s in self._stops), default=1) - 1
+        self._prose = ""  # the parser's prose, cut at the first stop string once met
+        self._sent = 0  # characters of _prose handed out
+        self._searched = 0  # characters of _prose already searched for stop strings
+        self._stop_hit = False
         self.backend_state: Any = None  # whatever the backend needs to find this job again
 
     def __repr__(self) -> str:
@@ -95,6 +104,17 @@ class Job:
     def ended(self) -> bool:
         """Whether the terminal event was pushed."""
         return self._ended
+
+    @property
+    def backend_stops(self) -> tuple[str, ...]:
+        """The stop strings the backend must match in the raw text: the request's, unless the job
+        matches them itself in the parsed prose (a reply with tools)."""
+        return () if self._parser is not None else tuple(self.prepared.request.stop)
+
+    @property
+    def stop_requested(self) -> bool:
+        """A stop string was met in the parsed prose: the backend should end this row (``"stop"``)."""
+        return self._stop_hit
 
     # ------------------------------------------------------------------ producer side
     def mark_started(self, at: float | None = None) -> None:
@@ -113,16 +133,40 @@ class Job:
         """Deliver new text to the caller."""
         if not text:
             return
+        hook = None
         with self._cond:
-            if self._ended:
+            if self._ended or self._stop_hit:
                 return
             self._pieces.append(text)
             if self._parser is None:
                 self._post(Text(text))
                 return
             prose, calls = self._parser.feed(text)
+            prose = self._cut(prose, final=False)
             if prose or calls:
                 self._post(Text(prose, calls))
+            if self._stop_hit:
+                hook = self._cancel_hook
+        if hook is not None:
+            hook()  # a backend that cannot end the row itself aborts it; finish() then says "stop"
+
+    def _cut(self, prose: str, *, final: bool) -> str:
+        """The prose that can be handed out now: cut at the first stop string, and (until the end)
+        without the tail that could still begin one. Called with self._cond held."""
+        if not self._stops:
+            return prose
+        if not self._stop_hit:
+            self._prose += prose
+            start = max(0, self._searched - self._hold)
+            hits = [i for i in (self._prose.find(s, start) for s in self._stops) if i >= 0]
+            self._searched = len(self._prose)
+            if hits:
+                self._prose = self._prose[: min(hits)]
+                self._stop_hit = True
+        safe = len(self._prose) if (final or self._stop_hit) else max(0, len(self._prose) - self._hold)
+        new = self._prose[self._sent : safe] if safe > self._sent else ""
+        self._sent = max(self._sent, safe)
+        return new
 
     def finish(self, finish_reason: str, completion_tokens: int, cached_tokens: int = 0) -> bool:
         """End the job with a result; False when it had already ended."""
@@ -131,11 +175,17 @@ class Job:
                 return False
             text, tool_calls = "".join(self._pieces), ()
             if self._parser is not None:
-                prose, calls = self._parser.finish()
+                prose, calls = ("", ()) if self._stop_hit else self._parser.finish()
+                prose = self._cut(prose, final=True)
+                if self._stop_hit:  # the row ended (or was aborted) at a stop string in the prose
+                    finish_reason = "stop"
                 if prose or calls:
                     self._post(Text(prose, calls))
-                text, tool_calls = self._parser.text, tuple(self._parser.calls)
-                if tool_calls and finish_reason != "abort":
+                text = self._prose if self._stops else self._parser.text
+                tool_calls = tuple(self._parser.calls)
+                # "length" (the token limit) and "abort" stay: OpenAI says "tool_calls" only when
+                # the model ended its reply with calls.
+                if tool_calls and finish_reason not in ("abort", "length"):
                     finish_reason = "tool_calls"
             now = time.monotonic()
             started = self.started_at if self.started_at is not None else now

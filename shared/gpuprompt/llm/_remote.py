@@ -190,8 +190,8 @@ class RemoteBackend(Backend):
         else:
             # gpuprompt serve re-tokenizes this text into the same ids (special tokens included).
             body["prompt"] = self._decode(prepared.token_ids)
-        if request.stop:
-            body["stop"] = list(request.stop)
+        if job.backend_stops:  # a reply with tools: the job matches them in its prose instead
+            body["stop"] = list(job.backend_stops)
         if request.seed is not None:
             body["seed"] = request.seed
         if request.priority:

@@ -84,22 +84,99 @@ class ToolPlan:
         return {"json": self.schema}
 
 
-def _call_schema(tool: ToolSpec) -> dict[str, Any]:
+_DEF_KEYS = ("$defs", "definitions")
+
+
+def _pointer_token(token: str) -> str:
+    return token.replace("~1", "/").replace("~0", "~")
+
+
+def _pointer_escape(name: str) -> str:
+    return name.replace("~", "~0").replace("/", "~1")
+
+
+def _embed(schema: Mapping[str, Any], label: str, defs: dict[str, Any]) -> dict[str, Any]:
+    """``schema`` made ready to sit anywhere inside a combined schema.
+
+    Its root-relative definitions (``$defs`` / ``definitions``) move into ``defs`` (the combined
+    schema's root ``$defs``), renamed when a name is already taken (by another tool), and every
+    ``$ref`` into it is rewritten to match. A ``$ref`` to its root or to another place inside it
+    (``"#"``, ``"#/properties/..."``) makes the whole schema a definition of its own, named after
+    ``label``, so that the reference still resolves.
+
+    Args:
+        schema: a tool's parameters or a response format's JSON schema.
+        label: a name for this schema (the tool's name), used when it becomes a definition.
+        defs: the combined schema's definitions, filled in place.
+
+    Returns:
+        The schema to embed (a ``$ref`` to its definition when it refers to itself).
+    """
+    root = {k: v for k, v in schema.items() if k not in _DEF_KEYS}
+    own: dict[tuple[str, str], Any] = {}
+    for key in _DEF_KEYS:
+        block = schema.get(key)
+        if isinstance(block, Mapping):
+            own.update({(key, name): body for name, body in block.items()})
+
+    def fresh(name: str) -> str:
+        candidate, i = name, 1
+        while candidate in defs or candidate in taken:
+            i += 1
+            candidate = f"{name}_{i}"
+        taken.add(candidate)
+        return candidate
+
+    taken: set[str] = set()
+    renamed = {ref: fresh(ref[1]) for ref in own}
+    root_name: list[str] = []  # filled once a reference to the root is met
+
+    def target(ref: str) -> str:
+        if ref != "#" and not ref.startswith("#/"):
+            return ref  # an absolute or relative URI: not ours to move
+        parts = ref[2:].split("/") if ref != "#" else []
+        if len(parts) >= 2 and parts[0] in _DEF_KEYS and (parts[0], _pointer_token(parts[1])) in renamed:
+            name = renamed[(parts[0], _pointer_token(parts[1]))]
+            return "/".join(["#", "$defs", _pointer_escape(name), *parts[2:]])
+        if not root_name:
+            root_name.append(fresh(label))
+        return "/".join(["#", "$defs", _pointer_escape(root_name[0]), *parts])
+
+    def rewrite(node: Any) -> Any:
+        if isinstance(node, Mapping):
+            return {k: (target(v) if k == "$ref" and isinstance(v, str) else rewrite(v)) for k, v in node.items()}
+        if isinstance(node, list):
+            return [rewrite(v) for v in node]
+        return node
+
+    body = rewrite(root)
+    for ref, definition in own.items():
+        defs[renamed[ref]] = rewrite(definition)
+    if root_name:
+        defs[root_name[0]] = body
+        return {"$ref": f"#/$defs/{_pointer_escape(root_name[0])}"}
+    return body
+
+
+def _call_schema(name: str, arguments: Mapping[str, Any]) -> dict[str, Any]:
+    """The schema of one call: ``arguments`` is already embedded (see :func:`_embed`)."""
     return {
         "type": "object",
-        "properties": {"name": {"type": "string", "enum": [tool.name]}, "arguments": dict(tool.parameters)},
+        "properties": {"name": {"type": "string", "enum": [name]}, "arguments": dict(arguments)},
         "required": ["name", "arguments"],
         "additionalProperties": False,
     }
 
 
-def _answer_schema(guided: Mapping[str, Any] | None) -> tuple[dict[str, Any], Literal["text", "json"]]:
+def _answer_schema(
+    guided: Mapping[str, Any] | None, defs: dict[str, Any]
+) -> tuple[dict[str, Any], Literal["text", "json"]]:
     content: dict[str, Any]
     kind: Literal["text", "json"] = "text"
     if guided is None:
         content = {"type": "string"}
     elif "json" in guided:
-        content, kind = dict(guided["json"]), "json"
+        content, kind = _embed(guided["json"], "response_format", defs), "json"
     elif "json_object" in guided:
         content, kind = {"type": "object"}, "json"
     elif "regex" in guided:
@@ -108,11 +185,17 @@ def _answer_schema(guided: Mapping[str, Any] | None) -> tuple[dict[str, Any], Li
         content = {"type": "string", "enum": list(guided["choice"])}
     arguments = {"type": "object", "properties": {"content": content}, "required": ["content"],
                  "additionalProperties": False}
-    return _call_schema(ToolSpec(ANSWER_TOOL, parameters=arguments)), kind
+    return _call_schema(ANSWER_TOOL, arguments), kind
 
 
 def plan_tools(request: Any, native: bool) -> ToolPlan | None:
-    """The plan for a :class:`~gpuprompt.llm.GenerationRequest`, or None when it has no tools."""
+    """The plan for a :class:`~gpuprompt.llm.GenerationRequest`, or None when it has no tools.
+
+    A named ``tool_choice`` means exactly one call of that tool (a single object, whatever
+    ``parallel_tool_calls`` says). The schemas of the tools (and of a ``response_format``) are
+    embedded with their definitions hoisted to the root of the combined schema, so that nested
+    models (``$defs`` and ``#/$defs/...`` references) keep resolving.
+    """
     tools: tuple[ToolSpec, ...] = tuple(request.tools)
     if not tools:
         return None
@@ -121,14 +204,22 @@ def plan_tools(request: Any, native: bool) -> ToolPlan | None:
         return ToolPlan("off", native, tools, choice, parallel)
     if choice == "auto" and native and request.guided is None:
         return ToolPlan("tagged", native, tools, choice, parallel)
-    bound = tools if choice in ("auto", "required") else tuple(t for t in tools if t.name == choice)
-    options = [_call_schema(tool) for tool in bound]
+    named = choice not in ("auto", "required")
+    if named:
+        parallel = False
+    bound = tuple(t for t in tools if t.name == choice) if named else tools
+    defs: dict[str, Any] = {}
+    answer = None
+    answer_schema: dict[str, Any] | None = None
+    if choice == "auto":
+        answer_schema, answer = _answer_schema(request.guided, defs)
+    options = [_call_schema(tool.name, _embed(tool.parameters, tool.name, defs)) for tool in bound]
     call = options[0] if len(options) == 1 else {"anyOf": options}
     reply: dict[str, Any] = {"type": "array", "items": call, "minItems": 1} if parallel else call
-    answer = None
-    if choice == "auto":
-        answer_schema, answer = _answer_schema(request.guided)
+    if answer_schema is not None:
         reply = {"anyOf": [answer_schema, *reply.get("anyOf", [reply])]}
+    if defs:
+        reply = {**reply, "$defs": defs}
     return ToolPlan("json", native, tools, choice, parallel, reply, answer)
 
 
@@ -298,25 +389,26 @@ class ToolOutputParser:
             return self._scan(final=True)
         if self.plan.kind != "json":
             return self._emit(self.buffer), ()
-        if self.buffer.lstrip().startswith("["):
-            # A list of calls; one cut short (max_tokens, a stop string) keeps its complete calls.
-            deltas = self._list_calls()
-            if self.calls:
-                return "", deltas
-            return self._emit(self.buffer), ()
+        stripped = self.buffer.lstrip()
+        if stripped.startswith("["):
+            # A list of calls; one cut short (max_tokens) keeps its complete calls, the cut one goes.
+            return "", self._list_calls()
         try:
             payload = json.loads(self.buffer)
         except ValueError:
             payload = None
-        if isinstance(payload, dict) and payload.get("name") == ANSWER_TOOL and self.plan.answer is not None:
+        if self.plan.answer is not None and _ANSWER_PREFIX.match(self.buffer) is not None:
+            # The pseudo-tool's answer, whole or cut short: its prose (decoded), never its wrapper.
             return self._emit(self._answer_so_far(final=True)), ()
         call = _to_call(payload, self.plan.tools)
-        if call is None:
-            # Not a complete reply (cut by max_tokens or a stop string): keep what was generated,
-            # the prose of an answer cut short, or else the raw text.
-            answering = self.plan.answer is not None and _ANSWER_PREFIX.match(self.buffer) is not None
-            return self._emit(self._answer_so_far(final=True) if answering else self.buffer), ()
-        return "", self._add_calls([call])
+        if call is not None:
+            return "", self._add_calls([call])
+        if stripped and not stripped.startswith("{"):
+            # Not the constrained JSON at all (the backend lifted a constraint its tokens broke):
+            # what the model wrote is its reply.
+            return self._emit(self.buffer), ()
+        # A call (or the answer's wrapper) cut short before its content: nothing of it is handed out.
+        return "", ()
 
     @property
     def text(self) -> str:

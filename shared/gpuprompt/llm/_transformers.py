@@ -30,7 +30,7 @@ from gpuprompt.errors import (
     ModelLoadError,
 )
 from gpuprompt.llm._backend import Backend
-from gpuprompt.llm._guided import GrammarCache, GuidedProcessor, PenaltyProcessor
+from gpuprompt.llm._guided import GrammarCache, GuidedProcessor, PenaltyProcessor, constraints_to_check
 from gpuprompt.llm._job import Job
 from gpuprompt._device import default_dtype
 
@@ -107,6 +107,8 @@ class _RowTracker:
         if safe > row.emitted:
             job.push_text(text[row.emitted : safe])
             row.emitted = safe
+        if job.stop_requested:  # a stop string met in the parsed prose of a reply with tools
+            self._end(row, "stop")
 
     def _end(self, row: _Row, reason: str) -> None:
         row.done = True
@@ -221,8 +223,8 @@ class TransformersBackend(Backend):
                     f"'logit_bias' keys must be token ids below the vocabulary size {self._vocab_size} "
                     f"(got {bad[:5]})."
                 )
-        if prepared.guided is not None:
-            self._grammar_cache().compile(prepared.guided)
+        for guided, name in constraints_to_check(prepared):
+            self._grammar_cache().compile(guided, name)
 
     # ------------------------------------------------------------------ submission
     def _check_open(self) -> MicroBatcher[Job, None]:
@@ -373,7 +375,7 @@ class TransformersBackend(Backend):
             attention[i, width - len(ids) :] = 1
         rows = []
         for job in jobs:
-            stops = tuple(job.prepared.request.stop)
+            stops = job.backend_stops  # a reply with tools: the job matches them in its prose
             hold = max((len(s) for s in stops), default=1) - 1
             rows.append(_Row(job, stops, hold, job.prepared.max_tokens))
         tracker = _RowTracker(rows, self._tokenizer, self._eos)

@@ -73,9 +73,10 @@ class VLLMBackend(Backend):
         """Parse the request's constraint with xgrammar (the guided backend this engine is started
         with), so a bad schema or regex fails at the caller's line, not inside vLLM."""
         if prepared.guided is not None:
-            from gpuprompt.llm._guided import check_constraint
+            from gpuprompt.llm._guided import check_constraint, constraints_to_check
 
-            check_constraint(prepared.guided)
+            for guided, field in constraints_to_check(prepared):
+                check_constraint(guided, field)
 
     @property
     def capabilities(self) -> dict[str, Any]:
@@ -220,7 +221,8 @@ class VLLMBackend(Backend):
             "frequency_penalty": request.frequency_penalty,
             "repetition_penalty": request.repetition_penalty,
             "seed": request.seed,
-            "stop": list(request.stop) or None,
+            # A reply with tools: the job matches the stop strings in its prose, not vLLM in the raw text.
+            "stop": list(job.backend_stops) or None,
             "output_kind": self._vllm["DELTA"],
         }
         if request.logit_bias:

@@ -243,16 +243,21 @@ def _observe(server: _Server, results: list[GenerationResult], route: str) -> No
 
 
 # ---------------------------------------------------------------------- streaming
-ChunkMaker = Callable[[dict[str, Any], "StreamDelta | None", str | None], list[dict[str, Any]]]
-"""Builds the ``choices`` entries of the chunks for one engine delta (or the opening chunk)."""
+ChunkMaker = Callable[[dict[str, Any], "StreamDelta", str | None, bool], list[dict[str, Any]]]
+"""Builds the ``choices`` entries of the chunks for one engine delta; with ``opening`` true, those
+of the opening chunk, given the first delta (which is then sent by a second call)."""
 
 
-def _chat_chunks(base: dict[str, Any], delta: StreamDelta | None, finish: str | None) -> list[dict[str, Any]]:
+def _chat_chunks(base: dict[str, Any], delta: StreamDelta, finish: str | None, opening: bool) -> list[dict[str, Any]]:
     def choice(payload: dict[str, Any], finish_reason: str | None = None) -> dict[str, Any]:
         return {"index": 0, "delta": payload, "finish_reason": finish_reason, "logprobs": None}
 
-    if delta is None:  # the opening chunk names the role, as OpenAI's does
-        return [choice({"role": "assistant", "content": ""})]
+    if opening:
+        # The opening chunk names the role, as OpenAI's does: content "" for a text reply, null for
+        # one that begins with tool calls (so a client folding the deltas, like the openai SDK's
+        # stream helper, ends with content None for a reply that is only calls, as non-streamed).
+        content = None if (delta.tool_calls and not delta.text) else ""
+        return [choice({"role": "assistant", "content": content})]
     out = []
     if delta.text:
         out.append(choice({"content": delta.text}))
@@ -276,11 +281,11 @@ def _chat_chunks(base: dict[str, Any], delta: StreamDelta | None, finish: str | 
 
 
 def _text_chunks(prefix: str) -> ChunkMaker:
-    def make(base: dict[str, Any], delta: StreamDelta | None, finish: str | None) -> list[dict[str, Any]]:
+    def make(base: dict[str, Any], delta: StreamDelta, finish: str | None, opening: bool) -> list[dict[str, Any]]:
         def choice(text: str, finish_reason: str | None = None) -> dict[str, Any]:
             return {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
 
-        if delta is None:
+        if opening:
             return [choice(prefix)] if prefix else []
         out = [choice(delta.text)] if delta.text else []
         if finish is not None:
@@ -334,11 +339,11 @@ async def _stream(
         # this generator) aborts the request inside the engine if it is still running.
         async with contextlib.aclosing(stream):
             try:
-                for choice in chunks(base, None, None):
+                for choice in chunks(base, first, None, True):
                     yield event([choice])
                 delta = first
                 while True:
-                    for choice in chunks(base, delta, delta.finish_reason):
+                    for choice in chunks(base, delta, delta.finish_reason, False):
                         yield event([choice])
                     if delta.finish_reason is not None:
                         if include_usage and delta.usage is not None:
