@@ -19,7 +19,8 @@ def check_options(name: str, options: Any, fields: tuple[str, ...], *, valid: tu
     clash = sorted(set(options) & set(fields))
     if clash:
         raise ConfigurationError(
-            f"'{name}' must not repeat {clash}: pass them as fields of the class itself (got {describe(options)})."
+            f"'{name}' must not hold {clash}: they are fields of the class itself, pass them as keyword "
+            f"arguments (got {describe(options)})."
         )
     unknown = sorted(set(options) - set(valid)) if valid is not None else []
     if unknown:

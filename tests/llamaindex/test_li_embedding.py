@@ -107,7 +107,7 @@ def test_quantize_bad_value_is_a_typed_error(bad: object) -> None:
 
 
 def test_quantize_conflicts_are_typed_errors() -> None:
-    with pytest.raises(ConfigurationError, match=r"must not repeat \['quantize'\]"):
+    with pytest.raises(ConfigurationError, match=r"must not hold \['quantize'\]"):
         GPUPromptEmbedding(embedder_options={"quantize": "int8"})
     with pytest.raises(ConfigurationError, match="quantize='int8' runs on CPU only"):
         GPUPromptEmbedding(device="cuda", quantize="int8")

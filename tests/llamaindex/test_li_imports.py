@@ -58,11 +58,11 @@ def test_option_dicts_may_not_repeat_fields() -> None:
     from gpuprompt.errors import ConfigurationError
     from llamaindex_gpuprompt import GPUPromptEmbedding, GPUPromptLLM, GPUPromptVectorStore
 
-    with pytest.raises(ConfigurationError, match=r"'embedder_options' must not repeat \['device'\]"):
+    with pytest.raises(ConfigurationError, match=r"'embedder_options' must not hold \['device'\]"):
         GPUPromptEmbedding(embedder_options={"device": "cpu"})
-    with pytest.raises(ConfigurationError, match=r"'engine_options' must not repeat \['backend'\]"):
+    with pytest.raises(ConfigurationError, match=r"'engine_options' must not hold \['backend'\]"):
         GPUPromptLLM(engine_options={"backend": "vllm", "dtype": "float32"})
-    with pytest.raises(ConfigurationError, match=r"'index_options' must not repeat \['metric'\]"):
+    with pytest.raises(ConfigurationError, match=r"'index_options' must not hold \['metric'\]"):
         GPUPromptVectorStore(index_options={"metric": "l2"})
     with pytest.raises(ConfigurationError, match="'engine_options' must be a dict"):
         GPUPromptLLM(engine_options=3)

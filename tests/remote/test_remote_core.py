@@ -8,7 +8,6 @@ import json
 
 import numpy as np
 import pytest
-
 from gpuprompt.errors import (
     ConfigurationError,
     ContextLengthError,
@@ -20,7 +19,9 @@ from gpuprompt.errors import (
     ModelLoadError,
     QueueFullError,
     RequestTimeoutError,
+    SessionStoreError,
     UnsupportedFeatureError,
+    VectorStoreError,
 )
 from gpuprompt.llm import GenerationRequest, ToolSpec
 from gpuprompt.remote import RemoteConfig, RemoteEmbedder, RemoteLLM, error_from_status, resolve_remote
@@ -251,6 +252,31 @@ def test_error_mapping_inverts_the_server() -> None:
     assert str(bad_filter).count("filter path") == 1
     queue_full = error_from_status(429, body("queue_full"), {"retry-after": "2"})
     assert isinstance(queue_full, QueueFullError) and queue_full.retry_after == 2.0
+    # a storage outage on the server (Redis / Milvus): 503, and the client keeps its type
+    assert isinstance(error_from_status(503, body("SessionStoreError")), SessionStoreError)
+    assert isinstance(error_from_status(503, body("VectorStoreError")), VectorStoreError)
+
+
+def test_server_storage_outages_are_503_and_bad_json_never_500() -> None:
+    import json
+
+    from gpuprompt.server._errors import error_response, validation_message
+    from pydantic import BaseModel, ValidationError
+
+    for error in (SessionStoreError("the session store at redis://h failed"), VectorStoreError("Milvus failed")):
+        answer = error_response(error, retry_after_s=3)
+        body = json.loads(answer.body)["error"]
+        assert answer.status_code == 503 and answer.headers["retry-after"] == "3"
+        assert body["code"] == type(error).__name__ and "model failed" not in body["message"]
+
+    class Body(BaseModel):
+        q: str
+
+    for raw in ("", "garbage", '{"q": 1'):  # model_validate_json (the Ray Serve app) reports no location
+        with pytest.raises(ValidationError) as caught:
+            Body.model_validate_json(raw)
+        message, param, malformed = validation_message(caught.value.errors())
+        assert malformed and param is None and "not valid JSON" in message
 
 
 def test_config_and_env_resolution() -> None:

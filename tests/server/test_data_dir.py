@@ -253,6 +253,22 @@ def test_a_second_server_on_a_held_data_dir_is_refused(tmp_path, embedder, serve
         assert [v[0] for v in _records(third)["c"].values()] == ["x"]
 
 
+def test_a_restart_that_embeds_otherwise_is_refused_naming_the_settings(tmp_path, embedder, server_llm,
+                                                                        monkeypatch) -> None:
+    from gpuprompt import Embedder
+
+    with _client(_app(tmp_path, embedder, server_llm)) as client:  # fp32 vectors
+        assert client.post("/v1/collections/c/documents", json={"documents": ["x"]}).status_code == 200
+    fp32 = embedder.identity
+    monkeypatch.setattr(Embedder, "identity", property(lambda self: f"{fp32};int8"))  # as --embed-quantize int8
+    with pytest.raises(ConfigurationError) as info, _client(_app(tmp_path, embedder, server_llm)):
+        pass
+    assert f"--embedding-model {fp32}, without --embed-quantize" in str(info.value)
+    monkeypatch.undo()
+    with _client(_app(tmp_path, embedder, server_llm)) as client:  # the right settings: served, nothing lost
+        assert "c" in [c["name"] for c in client.get("/v1/collections").json()["data"]]
+
+
 # ---------------------------------------------------------------------------------------- kill -9
 def _free_port() -> int:
     with socket.socket() as sock:

@@ -129,6 +129,8 @@ def error_from_status(status: int, body: Any, headers: Any = None, url: str = ""
         return RequestTimeoutError(text)
     if status == 503 and code == "unavailable":
         return EngineDeadError(text)
+    if status == 503 and code in ("SessionStoreError", "VectorStoreError"):  # the server's storage is out
+        return _SERVER_ERRORS[code](text)
     if status == 500 and isinstance(code, str) and code in _SERVER_ERRORS:
         return _SERVER_ERRORS[code](text)
     return EngineError(text)
@@ -144,7 +146,7 @@ def error_from_event(event: Any, url: str = "", *, service: str = "the LLM serve
         status = code
     elif kind == "rate_limit_error" or code == "queue_full":
         status = 429
-    elif code == "unavailable":
+    elif code in ("unavailable", "SessionStoreError", "VectorStoreError"):
         status = 503
     elif kind == "invalid_request_error":
         status = 400

@@ -273,8 +273,8 @@ class Collections:
                 if recorded is not None and recorded != served:
                     raise ConfigurationError(
                         f"collection {name!r} in data dir {str(data_dir.path)!r} holds vectors of embedding model "
-                        f"{recorded!r}, but this server embeds with {served!r}; start it with that "
-                        "--embedding-model, or use another --data-dir."
+                        f"{recorded!r}, but this server embeds with {served!r}; start it with the settings that "
+                        f"built them ({_serve_flags_for(recorded)}), or use another --data-dir."
                     )
             try:
                 # Fresh snapshots, so the next start replays only what is written from now on.
@@ -474,10 +474,11 @@ class Collections:
         from gpuprompt.errors import EmbedderMismatchError
 
         expected = recorded or served
+        holds = (f"collection {collection.name!r} holds vectors from embedder {expected!r}" if recorded else
+                 f"this server embeds with {expected!r} (collection {collection.name!r} records no embedder yet)")
         raise EmbedderMismatchError(
-            f"collection {collection.name!r} holds vectors from embedder {expected!r}; vectors from {embedder!r} "
-            "are in another space and would rank wrongly. Embed with the server's model (GET /v1/models), or "
-            "pass allow_other_embedder=True if mixing is intended.",
+            f"{holds}; vectors from {embedder!r} are in another space and would rank wrongly. Embed with the "
+            "server's model (GET /v1/models), or pass allow_other_embedder=True if mixing is intended.",
             expected=expected,
             got=embedder,
         )
@@ -680,3 +681,10 @@ def recorded_embedder(index: IndexLike) -> str | None:
         return config.embedder
     recorded = getattr(index, "embedder", None)
     return recorded if isinstance(recorded, str) else None
+
+
+def _serve_flags_for(identity: str) -> str:
+    """The ``serve`` flags that embed like ``identity`` (``model[;int8][;unnormalized]``)."""
+    model, *flags = identity.split(";")
+    quantize = "--embed-quantize int8" if "int8" in flags else "without --embed-quantize"
+    return f"--embedding-model {model}, {quantize}"

@@ -16,6 +16,8 @@ Mapping (every body is ``{"error": {"message", "type", "param", "code"}}``)::
       ContextLengthError                           -> 400, param "messages", code context_length_exceeded
     QueueFullError                                 -> 429 rate_limit_error + Retry-After, code queue_full
     ClosedError, EngineDeadError                   -> 503 server_error, code unavailable
+    SessionStoreError, VectorStoreError            -> 503 server_error + Retry-After, code = the class name
+                                                      (Redis / Milvus down or stalled: an outage, not a bug)
     other GPUPromptError (EngineError, ...)        -> 500 server_error, code = the class name
     any other exception                            -> 500 server_error (details logged, not sent)
     ApiError                                       -> its own status: 404 unknown model/collection/route,
@@ -55,7 +57,9 @@ from gpuprompt.errors import (
     GPUPromptError,
     InvalidInputError,
     QueueFullError,
+    SessionStoreError,
     UnsupportedFeatureError,
+    VectorStoreError,
 )
 
 __all__ = [
@@ -150,6 +154,10 @@ def _describe_error(exc: BaseException, retry_after_s: int) -> ApiError:
             code="queue_full",
             headers={"Retry-After": str(retry_after_s)},
         )
+    if isinstance(exc, (SessionStoreError, VectorStoreError)):
+        logger.warning("a storage backend failed: %s", exc)
+        return ApiError(503, f"a storage backend is unavailable: {exc}", type="server_error",
+                        code=type(exc).__name__, headers={"Retry-After": str(retry_after_s)})
     if isinstance(exc, (ClosedError, EngineDeadError)):
         return ApiError(503, f"the model is not available: {exc}", type="server_error", code="unavailable")
     if isinstance(exc, ContextLengthError):
@@ -239,10 +247,11 @@ def validation_message(errors: Sequence[Mapping[str, Any]]) -> tuple[str, str | 
     first = errors[0]
     if first.get("type") == "json_invalid":
         ctx = first.get("ctx") or {}
-        where = first.get("loc", ("body",))[-1]
+        loc = tuple(first.get("loc") or ())  # FastAPI: ("body", offset); model_validate_json: ()
+        where = f" at character {loc[-1]}" if loc and isinstance(loc[-1], int) else ""
         return (
             (
-                f"the request body is not valid JSON ({ctx.get('error', 'decode error')} at character {where}); "
+                f"the request body is not valid JSON ({ctx.get('error', 'decode error')}{where}); "
                 "send a JSON object with Content-Type: application/json."
             ),
             None,
