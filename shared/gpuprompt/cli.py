@@ -90,7 +90,11 @@ def _serve(args: argparse.Namespace) -> int:
     except ConfigurationError as exc:
         print(f"gpuprompt serve: {exc}", file=sys.stderr)
         return 2
-    return serve(**settings.serve_options())
+    try:
+        return serve(**settings.serve_options())
+    except ConfigurationError as exc:  # options that contradict each other (--data-dir with --vector-uri)
+        print(f"gpuprompt serve: {exc}", file=sys.stderr)
+        return 2
 
 
 def _add_serve_flags(serve: argparse.ArgumentParser) -> None:

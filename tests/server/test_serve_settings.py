@@ -7,7 +7,6 @@ import re
 from pathlib import Path
 
 import pytest
-
 from gpuprompt.cli import build_parser
 from gpuprompt.errors import ConfigurationError
 from gpuprompt.server._settings import ServeSettings, env_name, flag_name, load_settings
@@ -114,3 +113,26 @@ def test_embed_quantize_reaches_the_runtime_embedder(server_llm) -> None:
     assert app.state.gpuprompt.embedder.config.quantize == "auto"
     with pytest.raises(ConfigurationError, match="'embed_quantize'"):
         create_app(embed_quantize="int4", llm=server_llm, preload=False)
+
+
+@pytest.mark.parametrize(
+    ("argv", "said"),
+    [
+        (["--data-dir", "{file}"], "'data_dir' must be a folder"),  # refused in the app's startup
+        (["--data-dir", "{tmp}/d", "--vector-uri", "{tmp}/m.db"], "must not both be set"),  # by the config
+    ],
+)
+def test_a_refused_start_is_one_line_and_exit_2(tmp_path, argv, said) -> None:
+    import os
+    import subprocess
+    import sys
+
+    (tmp_path / "file").write_text("not a folder")
+    argv = [a.format(file=tmp_path / "file", tmp=tmp_path) for a in argv]
+    code = "import sys; from gpuprompt.cli import main; sys.exit(main(sys.argv[1:]))"
+    done = subprocess.run([sys.executable, "-c", code, "serve", "--port", "0", "--llm-backend", "transformers", *argv],
+                          capture_output=True, text=True, timeout=300, check=False,
+                          env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    assert done.returncode == 2, done.stderr[-3000:]
+    assert "gpuprompt serve: " in done.stderr and said in done.stderr
+    assert "Traceback" not in done.stderr

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 from fastapi import FastAPI, Path, Request
 from fastapi.responses import Response
 
-from gpuprompt.errors import ConfigurationError, ContextLengthError
+from gpuprompt.errors import ConfigurationError, ContextLengthError, GPUPromptError
 from gpuprompt.server import _schemas as s
 from gpuprompt.server._cache_api import add_cache_routes
 from gpuprompt.server._chat import add_generation_routes
@@ -166,30 +166,35 @@ def create_app(
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         collections = server.collections
+        app.state.startup_error = None
         try:
-            # First: a data dir another server holds fails the start before any model loads.
-            await asyncio.to_thread(collections.open_data_dir)
-            store = server.memory.session_store
-            if hasattr(store, "ping"):  # a session store on a server: unreachable fails the start, not turn 1
-                await asyncio.to_thread(store.ping)
-            if config.accept_token_ids:  # load the vocabulary now: never a download inside a request
-                from gpuprompt.server._token_ids import load_encoding
+            try:
+                # First: a data dir another server holds fails the start before any model loads.
+                await asyncio.to_thread(collections.open_data_dir)
+                store = server.memory.session_store
+                if hasattr(store, "ping"):  # a session store on a server: unreachable fails the start, not turn 1
+                    await asyncio.to_thread(store.ping)
+                if config.accept_token_ids:  # load the vocabulary now: never a download inside a request
+                    from gpuprompt.server._token_ids import load_encoding
 
-                await asyncio.wait_for(asyncio.to_thread(load_encoding), timeout=120)
-            if config.vector_uri is not None:
-                found = await asyncio.to_thread(collections.restore)
-                logger.info("collections in %s: %s", config.vector_uri, found or "none yet")
-            if config.preload:
-                await server.embedder.aload()
-                await server.llm.aload()
-                server.loaded = True
-            if config.data_dir is not None:
-                # Snapshots loaded, logs replayed and checkpointed before the port opens.
-                found = await asyncio.to_thread(collections.restore)
-                logger.info("collections in %s: %s", config.data_dir, found or "none yet")
-            logger.info(
-                "serving chat model %s and embedding model %s", server.llm.model_name, server.embedder.model_id
-            )
+                    await asyncio.wait_for(asyncio.to_thread(load_encoding), timeout=120)
+                if config.vector_uri is not None:
+                    found = await asyncio.to_thread(collections.restore)
+                    logger.info("collections in %s: %s", config.vector_uri, found or "none yet")
+                if config.preload:
+                    await server.embedder.aload()
+                    await server.llm.aload()
+                    server.loaded = True
+                if config.data_dir is not None:
+                    # Snapshots loaded, logs replayed and checkpointed before the port opens.
+                    found = await asyncio.to_thread(collections.restore)
+                    logger.info("collections in %s: %s", config.data_dir, found or "none yet")
+                logger.info(
+                    "serving chat model %s and embedding model %s", server.llm.model_name, server.embedder.model_id
+                )
+            except GPUPromptError as exc:  # a typed refusal to start: `gpuprompt serve` says it in one line
+                app.state.startup_error = exc
+                raise
             yield
         finally:
             # Under a data dir: a last checkpoint of every collection, then its lock is released.

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import signal
+import sys
 import threading
 from typing import Any, Literal
 
@@ -136,15 +137,42 @@ def serve(
     if threading.current_thread() is threading.main_thread():
         for sig in (signal.SIGTERM, signal.SIGINT):
             previous[sig] = signal.signal(sig, _drained)
+    # A typed refusal to start (a held data dir, an unreachable Redis, ...) is said in one line, not
+    # as the traceback uvicorn logs for a failed lifespan.
+    quiet = _StartupRefusal(app)
+    uvicorn_log = logging.getLogger("uvicorn.error")
+    uvicorn_log.addFilter(quiet)
     try:
         server.run()
     except SystemExit as exc:  # uvicorn exits 1 when it cannot bind or start the app
-        return int(exc.code or 1)
+        return _refused(app) or int(exc.code or 1)
     finally:
+        uvicorn_log.removeFilter(quiet)
         for sig, handler in previous.items():
             signal.signal(sig, handler)
         get_runtime().shutdown()
-    return 0 if server.started else 1
+    return 0 if server.started else (_refused(app) or 1)
+
+
+class _StartupRefusal(logging.Filter):
+    """Drops uvicorn's traceback of a lifespan that failed with a typed gpuprompt error."""
+
+    def __init__(self, app: Any) -> None:
+        super().__init__()
+        self.app = app
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        refused = getattr(self.app.state, "startup_error", None) is not None
+        return not (refused and str(record.msg).startswith("Traceback"))
+
+
+def _refused(app: Any) -> int:
+    """2 after printing ``gpuprompt serve: <why>`` when the app refused to start; else 0."""
+    error = getattr(app.state, "startup_error", None)
+    if error is None:
+        return 0
+    print(f"gpuprompt serve: {error}", file=sys.stderr)
+    return 2
 
 
 def _drained(signum: int, frame: Any) -> None:
