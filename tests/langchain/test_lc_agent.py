@@ -166,3 +166,25 @@ def test_profile_makes_create_agent_use_native_structured_output() -> None:
     assert model.profile["max_input_tokens"] == model.max_model_len and not model.profile["image_inputs"]
     assert _supports_provider_strategy(model, tools=[lookup_order])
     assert model._engine_cache is None  # the profile is static: nothing loaded
+
+
+class Money(BaseModel):
+    amount: int = Field(ge=0, le=99999)
+    currency: str = Field(max_length=3)
+
+
+class PriceReport(BaseModel):
+    """A product and its price (a nested model: its JSON schema has ``$defs`` and ``$ref``)."""
+
+    product: str = Field(max_length=40)
+    price: Money
+
+
+def test_create_agent_takes_a_nested_response_format(lc_chat: ChatGPUPrompt) -> None:
+    # The README's example with a nested answer: create_agent binds it as the model's own structured
+    # output (ProviderStrategy) beside the tools; the nested schema's $defs must reach the grammar.
+    model = ChatGPUPrompt(backend=lc_chat.backend, max_tokens=96, temperature=0.0)
+    agent = create_agent(model, [lookup_order], response_format=PriceReport)
+    result = agent.invoke({"messages": [HumanMessage("How much is the Aurora dress?")]})
+    report = result["structured_response"]
+    assert isinstance(report, PriceReport) and isinstance(report.price, Money)
