@@ -590,8 +590,8 @@ def test_length_wins_over_tool_calls_when_the_limit_stopped_the_reply(tf_engine:
 def test_stop_strings_apply_to_the_answer_not_the_wrapper(tf_engine: LLMEngine) -> None:
     hello = [{"role": "user", "content": "Say hello to me."}]
     [free] = tf_engine.generate([GenerationRequest(messages=hello, tools=TOOLS, max_tokens=40)])
-    if free.tool_calls or len(free.text.split()) < 4:
-        pytest.skip(f"the model did not answer in prose here ({free!r})")
+    # At temperature 0 the bundled model answers this in prose (the "auto" wrapper's answer branch).
+    assert not free.tool_calls and len(free.text.split()) >= 4, free
     # '"name"' and '"content"' are in the wrapper JSON, never in this answer: they must not stop it.
     stops = ['"name"', '"content"', free.text.split()[3]]
     cut_at = min(i for i in (free.text.find(s) for s in stops) if i >= 0)

@@ -53,6 +53,29 @@ def _wake(future: asyncio.Future) -> None:
         future.set_result(None)
 
 
+
+class StopScanner:
+    """Finds the first stop string in a text that grows at its end, searching each part once.
+
+    ``hold`` is how many trailing characters could still be the start of a stop string: a
+    streamer hands out text only up to ``len(text) - hold`` until the end.
+    """
+
+    def __init__(self, stops: tuple[str, ...]) -> None:
+        self.stops = stops
+        self.hold = max((len(s) for s in stops), default=1) - 1
+        self._searched = 0
+
+    def find(self, text: str) -> int | None:
+        """Where the first stop string begins in ``text`` (the grown text), or None."""
+        if not self.stops:
+            return None
+        start = max(0, self._searched - self.hold)
+        hits = [i for i in (text.find(s, start) for s in self.stops) if i >= 0]
+        self._searched = len(text)
+        return min(hits) if hits else None
+
+
 class Job:
     """One request's life in a backend and its event channel.
 
@@ -83,11 +106,9 @@ class Job:
         # Stop strings of a parsed reply apply to its prose (the answer the user reads), not to the
         # raw text (call or wrapper JSON): the job checks them itself, holding back the prose that
         # could still begin one, and asks the backend to end the row when one is met.
-        self._stops: tuple[str, ...] = tuple(prepared.request.stop) if self._parser is not None else ()
-        self._hold = max((len(s) for s in self._stops), default=1) - 1
+        self._stops = StopScanner(tuple(prepared.request.stop) if self._parser is not None else ())
         self._prose = ""  # the parser's prose, cut at the first stop string once met
         self._sent = 0  # characters of _prose handed out
-        self._searched = 0  # characters of _prose already searched for stop strings
         self._stop_hit = False
         self.backend_state: Any = None  # whatever the backend needs to find this job again
 
@@ -153,17 +174,15 @@ class Job:
     def _cut(self, prose: str, *, final: bool) -> str:
         """The prose that can be handed out now: cut at the first stop string, and (until the end)
         without the tail that could still begin one. Called with self._cond held."""
-        if not self._stops:
+        if not self._stops.stops:
             return prose
         if not self._stop_hit:
             self._prose += prose
-            start = max(0, self._searched - self._hold)
-            hits = [i for i in (self._prose.find(s, start) for s in self._stops) if i >= 0]
-            self._searched = len(self._prose)
-            if hits:
-                self._prose = self._prose[: min(hits)]
+            hit = self._stops.find(self._prose)
+            if hit is not None:
+                self._prose = self._prose[:hit]
                 self._stop_hit = True
-        safe = len(self._prose) if (final or self._stop_hit) else max(0, len(self._prose) - self._hold)
+        safe = len(self._prose) if (final or self._stop_hit) else max(0, len(self._prose) - self._stops.hold)
         new = self._prose[self._sent : safe] if safe > self._sent else ""
         self._sent = max(self._sent, safe)
         return new
@@ -181,7 +200,7 @@ class Job:
                     finish_reason = "stop"
                 if prose or calls:
                     self._post(Text(prose, calls))
-                text = self._prose if self._stops else self._parser.text
+                text = self._prose if self._stops.stops else self._parser.text
                 tool_calls = tuple(self._parser.calls)
                 # "length" (the token limit) and "abort" stay: OpenAI says "tool_calls" only when
                 # the model ended its reply with calls.

@@ -31,7 +31,7 @@ from gpuprompt.errors import (
 )
 from gpuprompt.llm._backend import Backend
 from gpuprompt.llm._guided import GrammarCache, GuidedProcessor, PenaltyProcessor, constraints_to_check
-from gpuprompt.llm._job import Job
+from gpuprompt.llm._job import Job, StopScanner
 from gpuprompt._device import default_dtype
 
 __all__ = ["TransformersBackend"]
@@ -46,14 +46,12 @@ class _Row:
     """One request's row in a padded batch."""
 
     job: Job
-    stops: tuple[str, ...]
-    hold: int  # characters held back while they could still be the start of a stop string
+    stops: StopScanner  # its hold: characters held back while they could still begin a stop string
     max_tokens: int
     ids: list[int] = field(default_factory=list)
     count: int = 0  # generated tokens, the end-of-sequence token included
     text: str = ""
     emitted: int = 0
-    searched: int = 0
     done: bool = False
 
 
@@ -91,19 +89,16 @@ class _RowTracker:
         row.ids.append(token)
         text = self.tokenizer.decode(row.ids, skip_special_tokens=True)
         row.text = text
-        if row.stops:
-            start = max(0, row.searched - row.hold)
-            hits = [i for i in (text.find(s, start) for s in row.stops) if i >= 0]
-            row.searched = len(text)
-            if hits:
-                row.text = text[: min(hits)]
-                self._end(row, "stop")
-                return
+        hit = row.stops.find(text)
+        if hit is not None:
+            row.text = text[:hit]
+            self._end(row, "stop")
+            return
         if row.count >= row.max_tokens:
             self._end(row, "length")
             return
         # A trailing U+FFFD is an incomplete multi-byte character: wait for the rest of it.
-        safe = len(text.rstrip("\ufffd")) - row.hold
+        safe = len(text.rstrip("\ufffd")) - row.stops.hold
         if safe > row.emitted:
             job.push_text(text[row.emitted : safe])
             row.emitted = safe
@@ -375,9 +370,8 @@ class TransformersBackend(Backend):
             attention[i, width - len(ids) :] = 1
         rows = []
         for job in jobs:
-            stops = job.backend_stops  # a reply with tools: the job matches them in its prose
-            hold = max((len(s) for s in stops), default=1) - 1
-            rows.append(_Row(job, stops, hold, job.prepared.max_tokens))
+            # a reply with tools has none here: the job matches them in its prose
+            rows.append(_Row(job, StopScanner(job.backend_stops), job.prepared.max_tokens))
         tracker = _RowTracker(rows, self._tokenizer, self._eos)
         request = jobs[0].prepared.request
         sampling = request.temperature > 0
