@@ -297,7 +297,7 @@ def test_a_handle_naming_fewer_typed_fields_adopts_the_collections(uri, data) ->
     typed.drop()
 
 
-def test_milvus_failures_are_typed(tmp_path) -> None:
+def test_milvus_failures_are_typed(tmp_path, request) -> None:
     from gpuprompt.errors import VectorStoreError
 
     with socket.socket() as probe:  # a loopback port where nothing listens
@@ -307,6 +307,7 @@ def test_milvus_failures_are_typed(tmp_path) -> None:
         _ = MilvusIndex(DIM, uri=f"http://127.0.0.1:{port}", collection="c").count
     path = tmp_path / "held.db"
     holder = MilvusIndex(DIM, uri=str(path), collection="c")
+    request.addfinalizer(holder.close)  # releases the file's lock even when an assertion fails
     holder.add(["a"], np.ones((1, DIM), np.float32))
     code = (
         "from gpuprompt import MilvusIndex\n"
@@ -318,7 +319,6 @@ def test_milvus_failures_are_typed(tmp_path) -> None:
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False)
     assert "refused:" in done.stdout and "one process" in done.stdout, done.stdout + done.stderr[-2000:]
-    holder.close()
 
 
 def test_save_writes_a_pointer_and_load_reopens_the_collection(uri, data, tmp_path) -> None:
@@ -389,12 +389,12 @@ def test_an_mmr_batched_with_a_larger_search_keeps_to_its_own_candidates(uri) ->
     index.drop()
 
 
-def test_milvus_lite_probes_do_not_log_errors(tmp_path, caplog) -> None:
+def test_milvus_lite_probes_do_not_log_errors(tmp_path, caplog, request) -> None:
     # pymilvus probes AllocTimestamp while an index builds; Milvus Lite does not implement it and
     # grpc used to log that at ERROR with a traceback although nothing failed.
     with caplog.at_level(logging.ERROR):
         index = MilvusIndex(DIM, uri=str(tmp_path / "quiet.db"), collection="c")
+        request.addfinalizer(index.close)
         index.add(["a"], np.ones((1, DIM), np.float32))
         assert index.count == 1
     assert not [r for r in caplog.records if "Method not implemented" in (r.getMessage() + str(r.exc_info))]
-    index.close()
