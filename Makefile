@@ -3,7 +3,7 @@ export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 PY := .venv/bin/python
 
-.PHONY: venv demo test bench load wheel
+.PHONY: venv demo test fuzz bench load wheel
 venv:
 	@bash scripts/bootstrap.sh
 
@@ -12,6 +12,10 @@ demo: venv
 
 test: venv
 	$(PY) -m pytest -q -rs
+
+# Property tests with fresh random examples (ten times as many) instead of the derandomized default.
+fuzz: venv
+	HYPOTHESIS_PROFILE=fuzz $(PY) -m pytest -q -rs -m property
 
 bench: venv
 	$(PY) -m gpuprompt.cli bench all --quick --out bench-results

@@ -8,6 +8,13 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import pytest
+from hypothesis import settings
+
+# Property tests are deterministic by default: the same examples on every machine and run, so the
+# suite passes or fails by the code alone. `make fuzz` explores anew (HYPOTHESIS_PROFILE=fuzz).
+settings.register_profile("default", derandomize=True, database=None)
+settings.register_profile("fuzz", derandomize=False, print_blob=True)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
 
 
 def _cuda_available() -> bool:
@@ -19,6 +26,9 @@ def _cuda_available() -> bool:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:  # every hypothesis test is a property test (`make fuzz` runs them alone)
+        if getattr(getattr(item, "obj", None), "is_hypothesis_test", False):
+            item.add_marker(pytest.mark.property)
     if _cuda_available():
         return
     skip = pytest.mark.skip(reason="needs CUDA (marked gpu)")

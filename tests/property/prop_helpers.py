@@ -18,6 +18,9 @@ from hypothesis import strategies as st
 
 from gpuprompt.errors import GPUPromptError
 
+FUZZ_FACTOR = 10 if settings.get_current_profile_name() == "fuzz" else 1
+"""How many times the default examples the ``fuzz`` profile runs."""
+
 # ---------------------------------------------------------------------------------------- counting
 CASES: Counter[str] = Counter()
 """Generated cases per public class under test (printed by conftest at the end of the session)."""
@@ -30,9 +33,13 @@ def count(cls_name: str, n: int = 1) -> None:
 
 # ---------------------------------------------------------------------------------------- settings
 def fast(max_examples: int, **extra: Any) -> settings:
-    """Hypothesis settings for this folder: no deadline (threads, first loads), few examples."""
+    """Hypothesis settings for this folder: no deadline (threads, first loads), few examples.
+
+    Derandomized in the default profile (``tests/conftest.py``): the same examples on every run and
+    machine. ``make fuzz`` (profile ``fuzz``) draws anew each run, ten times as many.
+    """
     return settings(
-        max_examples=max_examples,
+        max_examples=max_examples * FUZZ_FACTOR,
         deadline=None,
         suppress_health_check=[
             HealthCheck.too_slow,
@@ -41,7 +48,6 @@ def fast(max_examples: int, **extra: Any) -> settings:
             HealthCheck.filter_too_much,
             HealthCheck.large_base_example,
         ],
-        derandomize=False,
         print_blob=True,
         **extra,
     )

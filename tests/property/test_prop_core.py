@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 import prop_helpers as H
 from gpuprompt import ContextCache, MicroBatcher, RAGPipeline, VectorIndex
-from gpuprompt.errors import GPUPromptError
+from gpuprompt.errors import GPUPromptError, QueueFullError
 from gpuprompt.llm import GenerationRequest, GenerationResult, Timings, Usage
 
 ints = st.one_of(st.integers(-2, 70), H.extreme_numbers, H.junk_scalars)
@@ -64,9 +64,19 @@ def test_microbatcher_options_and_submit(data: st.DataObject) -> None:
         return
     try:
         priority = data.draw(st.one_of(st.integers(-5, 5), H.extreme_numbers, H.junk_scalars), label="priority")
-        ok_p, futures = H.typed_or_ok(lambda: batcher.submit_many([1, "bad", 3], priority=priority))
+        items = [1, "bad", 3]
+        ok_p, futures = H.typed_or_ok(lambda: batcher.submit_many(items, priority=priority))
+        if not ok_p and not isinstance(futures, QueueFullError):  # the priority was refused
+            ok_p, futures = H.typed_or_ok(lambda: batcher.submit_many(items))
         if not ok_p:
-            futures = batcher.submit_many([1, "bad", 3])
+            # A queue shorter than the three items refuses them all at once (nothing is queued) and
+            # says so; then the items go one at a time, each after the one before has run.
+            assert isinstance(futures, QueueFullError), f"{type(futures).__name__}: {futures}"
+            assert batcher.max_queue < len(items), f"refused with room in the queue: {futures}"
+            futures = []
+            for item in items[:2]:
+                futures.append(batcher.submit(item))
+                futures[-1].exception(timeout=20)
         first = futures[0].exception(timeout=20)
         assert first is None or _is_bad_item(first), f"good item failed: {type(first).__name__}: {first}"
         error = futures[1].exception(timeout=20)
