@@ -8,7 +8,7 @@ venv:
 	@bash scripts/bootstrap.sh
 
 demo: venv
-	$(PY) -m gpuprompt.cli demo
+	$(PY) -m gpuprompt demo
 
 test: venv
 	$(PY) -m pytest -q -rs
@@ -18,7 +18,7 @@ fuzz: venv
 	HYPOTHESIS_PROFILE=fuzz $(PY) -m pytest -q -rs -m property
 
 bench: venv
-	$(PY) -m gpuprompt.cli bench all --quick --out bench-results
+	$(PY) -m gpuprompt bench all --quick --out bench-results
 
 # A local server + Locust headless for a bounded time; prints p50/p95 and failures per request type.
 # Options: make load LOAD_USERS=32 LOAD_TIME=60s LOAD_BACKEND=auto|vllm|transformers

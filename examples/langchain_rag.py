@@ -29,7 +29,7 @@ from langchain_core.prompts import ChatPromptTemplate, MessagesPlaceholder
 from langchain_core.runnables import RunnablePassthrough
 from langchain_core.runnables.history import RunnableWithMessageHistory
 
-from gpuprompt.demo import SCRIPT, catalogue, customer_questions
+from gpuprompt.apps.demo import SCRIPT, catalogue, customer_questions
 from langchain_gpuprompt import ChatGPUPrompt, GPUPromptChatMessageHistory, GPUPromptEmbeddings, GPUPromptVectorStore
 
 SYSTEM = (

@@ -25,7 +25,7 @@ import time
 from llama_index.core import Document, Settings, StorageContext, VectorStoreIndex
 from llama_index.core.vector_stores.types import MetadataFilter, MetadataFilters
 
-from gpuprompt.demo import SCRIPT, catalogue, customer_questions
+from gpuprompt.apps.demo import SCRIPT, catalogue, customer_questions
 from llamaindex_gpuprompt import GPUPromptEmbedding, GPUPromptLLM, GPUPromptVectorStore
 
 SYSTEM_PROMPT = (

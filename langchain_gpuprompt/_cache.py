@@ -14,17 +14,17 @@ import json
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from gpuprompt.answer_cache import DEFAULT_MAX_ENTRIES, DEFAULT_TTL_SECONDS, AnswerCache
+from gpuprompt.device import check_device
+from gpuprompt.errors import EngineError, InputTypeError, describe
+from gpuprompt.remote._answer_cache import RemoteAnswerCache
+from gpuprompt.remote._config import resolve_remote
+from gpuprompt.validation import check_str, fail
 from langchain_core.caches import RETURN_VAL_TYPE, BaseCache
 from langchain_core.embeddings import Embeddings
 from langchain_core.messages import message_to_dict, messages_from_dict
 from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, Generation, GenerationChunk
 
-from gpuprompt._device import check_device
-from gpuprompt._validate import check_str, fail
-from gpuprompt.answer_cache import DEFAULT_MAX_ENTRIES, DEFAULT_TTL_SECONDS, AnswerCache
-from gpuprompt.errors import EngineError, InputTypeError, describe
-from gpuprompt.remote._answer_cache import RemoteAnswerCache
-from gpuprompt.remote._config import resolve_remote
 from langchain_gpuprompt._embeddings import GPUPromptEmbeddings
 
 if TYPE_CHECKING:
@@ -250,9 +250,8 @@ class _EmbeddingsOnDevice:
 
     def _tensor(self, rows: Any) -> torch.Tensor:
         import torch
-
-        from gpuprompt._validate import check_real_matrix
         from gpuprompt.runtime import get_runtime
+        from gpuprompt.validation import check_real_matrix
 
         return torch.from_numpy(check_real_matrix(rows, "embeddings")).to(get_runtime().resolve(self._device))
 

@@ -8,6 +8,7 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from gpuprompt.errors import InputTypeError, InvalidInputError, describe
 from langchain_core.messages import (
     AIMessage,
     AIMessageChunk,
@@ -20,8 +21,6 @@ from langchain_core.messages import (
 from langchain_core.messages.ai import InputTokenDetails, UsageMetadata
 from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult
 from langchain_core.utils.function_calling import convert_to_json_schema
-
-from gpuprompt.errors import InputTypeError, InvalidInputError, describe
 
 if TYPE_CHECKING:
     from gpuprompt.llm import GenerationResult, StreamDelta, Usage

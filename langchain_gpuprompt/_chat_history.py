@@ -12,19 +12,18 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from langchain_core.chat_history import BaseChatMessageHistory
-from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, SystemMessage
-
-from gpuprompt._validate import INT64_MAX, check_int, check_str
 from gpuprompt.errors import ConfigurationError, InputTypeError, describe
 from gpuprompt.remote._config import resolve_remote
 from gpuprompt.remote._sessions import RemoteContextCache
+from gpuprompt.validation import INT64_MAX, check_int, check_str
+from langchain_core.chat_history import BaseChatMessageHistory
+from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, SystemMessage
+
 from langchain_gpuprompt._chat_models import _to_core_messages
 
 if TYPE_CHECKING:
-    from pydantic import SecretStr
-
     from gpuprompt.context import ContextCache, Turn
+    from pydantic import SecretStr
 
 __all__ = ["GPUPromptChatMessageHistory"]
 

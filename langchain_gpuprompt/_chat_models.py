@@ -14,6 +14,12 @@ from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from operator import itemgetter
 from typing import TYPE_CHECKING, Any, Literal
 
+from gpuprompt.bridge import run_sync
+from gpuprompt.errors import ConfigurationError, InvalidInputError, describe
+from gpuprompt.llm._policy import check_call_policy
+from gpuprompt.models import BUNDLED_CHAT_MODEL
+from gpuprompt.remote._config import ENV_API_KEY, resolve_remote
+from gpuprompt.remote._errors import redact
 from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
 from langchain_core.language_models import BaseChatModel, LanguageModelInput, ModelProfile
 from langchain_core.language_models.base import LangSmithParams
@@ -27,12 +33,6 @@ from langchain_core.utils.function_calling import convert_to_openai_tool
 from langchain_core.utils.pydantic import is_basemodel_subclass
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, SecretStr
 
-from gpuprompt._bridge import run_sync
-from gpuprompt.errors import ConfigurationError, InvalidInputError, describe
-from gpuprompt.llm._policy import check_call_policy
-from gpuprompt.models import BUNDLED_CHAT_MODEL
-from gpuprompt.remote._config import ENV_API_KEY, resolve_remote
-from gpuprompt.remote._errors import redact
 from langchain_gpuprompt._chat_convert import (
     PROVIDER,
     chat_result,

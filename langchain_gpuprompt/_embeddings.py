@@ -15,18 +15,16 @@ import dataclasses
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Literal
 
+from gpuprompt.embed import EmbedderConfig
+from gpuprompt.errors import ConfigurationError, describe
+from gpuprompt.remote._config import resolve_remote
+from gpuprompt.validation import check_bool, check_str, configuration_error, fail
 from langchain_core.embeddings import Embeddings
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, SecretStr, ValidationError
 
-from gpuprompt._validate import check_bool, check_str, configuration_error, fail
-from gpuprompt.embedder import EmbedderConfig
-from gpuprompt.errors import ConfigurationError, describe
-from gpuprompt.remote._config import resolve_remote
-
 if TYPE_CHECKING:
     import torch
-
-    from gpuprompt.embedder import Embedder
+    from gpuprompt.embed import Embedder
     from gpuprompt.remote import RemoteConfig, RemoteEmbedder
 
 # Defaults come from the core config: the same settings must reach the same shared Embedder
@@ -284,7 +282,7 @@ class GPUPromptEmbeddings(BaseModel, Embeddings):
     def _documents(self, texts: list[str]) -> list[str]:
         if not self._doc_prefix:
             return texts  # the core validates the list and names a bad item
-        from gpuprompt.embedder import validate_texts
+        from gpuprompt.embed import validate_texts
 
         return [self._doc_prefix + text for text in validate_texts(texts)]
 

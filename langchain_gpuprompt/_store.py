@@ -17,6 +17,21 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any, Literal
 
+from gpuprompt.bridge import off_loop
+from gpuprompt.device import check_device
+from gpuprompt.errors import ConfigurationError, InputTypeError, InvalidInputError, describe
+from gpuprompt.validation import (
+    INT64_MAX,
+    MAX_DEPTH,
+    MAX_NODES,
+    check_clock,
+    check_int,
+    check_json,
+    check_number,
+    check_str,
+    check_ttl,
+    fail,
+)
 from langchain_core.embeddings import Embeddings
 from langgraph.store.base import (
     NOT_PROVIDED,
@@ -40,21 +55,6 @@ from langgraph.store.base import (
     tokenize_path,
 )
 
-from gpuprompt._bridge import off_loop
-from gpuprompt._device import check_device
-from gpuprompt._validate import (
-    INT64_MAX,
-    MAX_DEPTH,
-    MAX_NODES,
-    check_clock,
-    check_int,
-    check_json,
-    check_number,
-    check_str,
-    check_ttl,
-    fail,
-)
-from gpuprompt.errors import ConfigurationError, InputTypeError, InvalidInputError, describe
 from langchain_gpuprompt._embeddings import GPUPromptEmbeddings
 from langchain_gpuprompt._vectorstores import GPUPromptVectorStore
 

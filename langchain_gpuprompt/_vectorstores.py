@@ -12,13 +12,9 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from langchain_core.documents import Document
-from langchain_core.embeddings import Embeddings
-from langchain_core.vectorstores import VectorStore
-from typing_extensions import Self
-
-from gpuprompt._bridge import off_loop
-from gpuprompt._validate import (
+from gpuprompt.bridge import off_loop
+from gpuprompt.errors import ConfigurationError, InputTypeError, InvalidInputError, describe
+from gpuprompt.validation import (
     check_metadata,
     check_number,
     check_path,
@@ -28,7 +24,11 @@ from gpuprompt._validate import (
     check_str,
     fail,
 )
-from gpuprompt.errors import ConfigurationError, InputTypeError, InvalidInputError, describe
+from langchain_core.documents import Document
+from langchain_core.embeddings import Embeddings
+from langchain_core.vectorstores import VectorStore
+from typing_extensions import Self
+
 from langchain_gpuprompt._embeddings import GPUPromptEmbeddings
 
 if TYPE_CHECKING:

@@ -19,9 +19,9 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from llamaindex_gpuprompt._embedding import GPUPromptEmbedding
+    from llamaindex_gpuprompt._filters import to_core_filter
     from llamaindex_gpuprompt._llm import GPUPromptLLM
     from llamaindex_gpuprompt._memory import GPUPromptContextMemoryBlock
-    from llamaindex_gpuprompt._filters import to_core_filter
     from llamaindex_gpuprompt._vector_store import GPUPromptVectorStore
 
 _EXPORTS: dict[str, str] = {

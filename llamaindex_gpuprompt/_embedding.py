@@ -12,6 +12,11 @@ import dataclasses
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
+from gpuprompt.embed import QUANTIZE_CHOICES, EmbedderConfig
+from gpuprompt.errors import ConfigurationError, InputTypeError, describe
+from gpuprompt.models import BUNDLED_EMBEDDING_MODEL
+from gpuprompt.remote._config import resolve_remote
+from gpuprompt.validation import check_choice, check_str, check_str_list, configuration_error, fail
 from llama_index.core.base.embeddings.base import BaseEmbedding, Embedding
 from llama_index.core.bridge.pydantic import (
     ConfigDict,
@@ -23,16 +28,10 @@ from llama_index.core.bridge.pydantic import (
 )
 from llama_index.core.schema import BaseNode
 
-from gpuprompt._quant import QUANTIZE_CHOICES
-from gpuprompt._validate import check_choice, check_str, check_str_list, configuration_error, fail
-from gpuprompt.embedder import EmbedderConfig
-from gpuprompt.errors import ConfigurationError, InputTypeError, describe
-from gpuprompt.models import BUNDLED_EMBEDDING_MODEL
-from gpuprompt.remote._config import resolve_remote
 from llamaindex_gpuprompt._common import check_options
 
 if TYPE_CHECKING:
-    from gpuprompt.embedder import Embedder
+    from gpuprompt.embed import Embedder
     from gpuprompt.remote import RemoteConfig, RemoteEmbedder
 
 __all__ = ["GPUPromptEmbedding"]
@@ -120,7 +119,7 @@ class GPUPromptEmbedding(BaseEmbedding):
 
     def __init__(self, model_name: str = BUNDLED_EMBEDDING_MODEL, *, embedder: Embedder | None = None, **kwargs: Any):
         if embedder is not None:
-            from gpuprompt.embedder import Embedder
+            from gpuprompt.embed import Embedder
 
             if not isinstance(embedder, Embedder):
                 raise ConfigurationError(f"'embedder' must be a gpuprompt.Embedder or None (got {describe(embedder)}).")

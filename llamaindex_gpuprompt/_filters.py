@@ -8,10 +8,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from llama_index.core.vector_stores.types import FilterCondition, FilterOperator, MetadataFilter, MetadataFilters
-
-from gpuprompt._validate import MAX_DEPTH, check_text
 from gpuprompt.errors import FilterError, InvalidInputError, describe
+from gpuprompt.validation import MAX_DEPTH, check_text
+from llama_index.core.vector_stores.types import FilterCondition, FilterOperator, MetadataFilter, MetadataFilters
 
 __all__ = ["RESERVED_KEY", "is_reserved_key", "to_core_filter"]
 

@@ -17,6 +17,9 @@ import inspect
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
+from gpuprompt.errors import ConfigurationError, InputTypeError, InvalidInputError, describe
+from gpuprompt.llm._policy import check_call_policy
+from gpuprompt.remote._config import resolve_remote
 from llama_index.core.base.llms.types import (
     ChatMessage,
     ChatResponse,
@@ -33,9 +36,6 @@ from llama_index.core.llms.callbacks import llm_chat_callback, llm_completion_ca
 from llama_index.core.llms.function_calling import FunctionCallingLLM
 from llama_index.core.llms.llm import ToolSelection
 
-from gpuprompt.errors import ConfigurationError, InputTypeError, InvalidInputError, describe
-from gpuprompt.llm._policy import check_call_policy
-from gpuprompt.remote._config import resolve_remote
 from llamaindex_gpuprompt._common import check_options
 from llamaindex_gpuprompt._llm_structured import StructuredOutputMixin
 from llamaindex_gpuprompt._llm_tools import (
@@ -50,10 +50,9 @@ from llamaindex_gpuprompt._llm_tools import (
 
 if TYPE_CHECKING:
 
-    from llama_index.core.tools.types import BaseTool
-
     from gpuprompt.llm import GenerationRequest, GenerationResult, LLMEngine, StreamDelta, Usage
     from gpuprompt.remote import RemoteConfig, RemoteLLM
+    from llama_index.core.tools.types import BaseTool
 
 __all__ = ["GPUPromptLLM"]
 

@@ -9,14 +9,13 @@ from __future__ import annotations
 import contextlib
 from typing import TYPE_CHECKING, Any
 
+from gpuprompt.errors import InvalidInputError
 from llama_index.core.instrumentation import get_dispatcher
 from llama_index.core.instrumentation.events.llm import (
     LLMStructuredPredictEndEvent,
     LLMStructuredPredictStartEvent,
 )
 from llama_index.core.types import PydanticProgramMode
-
-from gpuprompt.errors import InvalidInputError
 
 if TYPE_CHECKING:
     from collections.abc import AsyncGenerator, Generator

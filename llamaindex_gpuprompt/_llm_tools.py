@@ -17,12 +17,11 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from gpuprompt.errors import InputTypeError, InvalidInputError, describe
 from llama_index.core.base.llms.types import ChatMessage, MessageRole, TextBlock, ToolCallBlock
 from llama_index.core.llms.llm import ToolSelection
 from llama_index.core.llms.utils import parse_partial_json
 from llama_index.core.tools.types import BaseTool
-
-from gpuprompt.errors import InputTypeError, InvalidInputError, describe
 
 if TYPE_CHECKING:
     from gpuprompt.llm import StreamDelta, ToolSpec

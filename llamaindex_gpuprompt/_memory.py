@@ -13,14 +13,13 @@ import string
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from llama_index.core.base.llms.types import ChatMessage, TextBlock
-from llama_index.core.bridge.pydantic import ConfigDict, Field, PrivateAttr, ValidationError, field_validator
-from llama_index.core.memory.memory import BaseMemoryBlock
-
-from gpuprompt._validate import INT64_MAX, check_str, configuration_error, fail
 from gpuprompt.errors import ConfigurationError, InputTypeError, InvalidInputError, describe
 from gpuprompt.remote._config import resolve_remote
 from gpuprompt.remote._sessions import RemoteContextCache
+from gpuprompt.validation import INT64_MAX, check_str, configuration_error, fail
+from llama_index.core.base.llms.types import ChatMessage, TextBlock
+from llama_index.core.bridge.pydantic import ConfigDict, Field, PrivateAttr, ValidationError, field_validator
+from llama_index.core.memory.memory import BaseMemoryBlock
 
 if TYPE_CHECKING:
     from gpuprompt.context import ContextCache

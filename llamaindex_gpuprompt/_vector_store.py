@@ -11,6 +11,26 @@ import threading
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
+from gpuprompt.bridge import off_loop
+from gpuprompt.errors import (
+    ConfigurationError,
+    DimensionMismatchError,
+    InputTypeError,
+    InvalidInputError,
+    describe,
+)
+from gpuprompt.validation import (
+    check_choice,
+    check_int,
+    check_metadata,
+    check_number,
+    check_path,
+    check_path_name,
+    check_real_vector,
+    check_str,
+    check_text,
+    configuration_error,
+)
 from llama_index.core.bridge.pydantic import ConfigDict, Field, PrivateAttr, SecretStr, ValidationError
 from llama_index.core.schema import BaseNode, MetadataMode
 from llama_index.core.vector_stores.types import (
@@ -24,26 +44,6 @@ from llama_index.core.vector_stores.types import (
 )
 from llama_index.core.vector_stores.utils import metadata_dict_to_node, node_to_metadata_dict
 
-from gpuprompt._bridge import off_loop
-from gpuprompt._validate import (
-    check_choice,
-    check_int,
-    check_metadata,
-    check_number,
-    check_path,
-    check_path_name,
-    check_real_vector,
-    check_str,
-    check_text,
-    configuration_error,
-)
-from gpuprompt.errors import (
-    ConfigurationError,
-    DimensionMismatchError,
-    InputTypeError,
-    InvalidInputError,
-    describe,
-)
 from llamaindex_gpuprompt._common import check_options
 from llamaindex_gpuprompt._filters import RESERVED_KEY, is_reserved_key, to_core_filter
 

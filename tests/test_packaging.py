@@ -136,7 +136,7 @@ def test_every_source_module_is_in_the_wheel(installed: Installed) -> None:
 def test_one_version_source(installed: Installed) -> None:
     probe = installed.probe
     assert probe["version"] == probe["__version__"]
-    init = (PACKAGES["gpuprompt"] / "__init__.py").read_text()
+    init = (PACKAGES["gpuprompt"] / "_version.py").read_text()
     assert re.search(r'^__version__ = "([^"]+)"$', init, re.MULTILINE).group(1) == probe["version"]
     pyproject = (ROOT / "pyproject.toml").read_text()
     assert not re.search(r"^version\s*=", pyproject, re.MULTILINE), "the version is written in pyproject.toml too"
@@ -150,7 +150,7 @@ def test_metadata_lists_the_extras_license_and_classifiers(installed: Installed)
     assert probe["license_files"] == ["LICENSE"] and "MIT License" in probe["license_text"]
     assert "Typing :: Typed" in probe["classifiers"]
     assert {f"Programming Language :: Python :: 3.{minor}" for minor in (10, 11, 12)} <= set(probe["classifiers"])
-    assert "gpuprompt=gpuprompt.cli:main" in probe["entry_points"]
+    assert "gpuprompt=gpuprompt.apps.cli:main" in probe["entry_points"]
 
 
 def test_faiss_is_not_a_hard_requirement(installed: Installed) -> None:

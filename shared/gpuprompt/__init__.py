@@ -8,14 +8,14 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-# The one version source: the build reads it ([tool.hatch.version] in pyproject.toml), and
-# importlib.metadata.version("gpuprompt") of an installed copy equals it (tests/test_packaging.py).
-__version__ = "0.1.0"
+# The one version source is gpuprompt/_version.py: the build reads it ([tool.hatch.version] in
+# pyproject.toml), and importlib.metadata.version("gpuprompt") of an installed copy equals it.
+from gpuprompt._version import __version__
 
 if TYPE_CHECKING:
     from gpuprompt.batching import BatcherStats, MicroBatcher
     from gpuprompt.context import ContextCache, ContextStats, Turn
-    from gpuprompt.embedder import Embedder, EmbedderConfig, EmbedderStats, EmbeddingCache
+    from gpuprompt.embed import Embedder, EmbedderConfig, EmbedderStats, EmbeddingCache
     from gpuprompt.index import Hit, IndexConfig, Record, VectorIndex
     from gpuprompt.llm import (
         GenerationRequest,
@@ -28,17 +28,17 @@ if TYPE_CHECKING:
         ToolSpec,
         Usage,
     )
-    from gpuprompt.pipeline import RAGAnswer, RAGPipeline, StageTimings
+    from gpuprompt.rag import RAGAnswer, RAGPipeline, StageTimings
     from gpuprompt.remote import RemoteConfig, RemoteEmbedder, RemoteLLM
     from gpuprompt.runtime import Runtime, get_runtime, resolve_device
 
 _EXPORTS: dict[str, str] = {
     "BatcherStats": "gpuprompt.batching",
     "MicroBatcher": "gpuprompt.batching",
-    "Embedder": "gpuprompt.embedder",
-    "EmbedderConfig": "gpuprompt.embedder",
-    "EmbedderStats": "gpuprompt.embedder",
-    "EmbeddingCache": "gpuprompt.embedder",
+    "Embedder": "gpuprompt.embed",
+    "EmbedderConfig": "gpuprompt.embed",
+    "EmbedderStats": "gpuprompt.embed",
+    "EmbeddingCache": "gpuprompt.embed",
     "Hit": "gpuprompt.index",
     "IndexConfig": "gpuprompt.index",
     "Record": "gpuprompt.index",
@@ -57,9 +57,9 @@ _EXPORTS: dict[str, str] = {
     "ContextCache": "gpuprompt.context",
     "ContextStats": "gpuprompt.context",
     "Turn": "gpuprompt.context",
-    "RAGAnswer": "gpuprompt.pipeline",
-    "RAGPipeline": "gpuprompt.pipeline",
-    "StageTimings": "gpuprompt.pipeline",
+    "RAGAnswer": "gpuprompt.rag",
+    "RAGPipeline": "gpuprompt.rag",
+    "StageTimings": "gpuprompt.rag",
     "RemoteConfig": "gpuprompt.remote",
     "RemoteEmbedder": "gpuprompt.remote",
     "RemoteLLM": "gpuprompt.remote",

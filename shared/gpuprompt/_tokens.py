@@ -23,7 +23,7 @@ import numpy as np
 
 __all__ = ["Encoded", "Tokens"]
 
-logger = logging.getLogger("gpuprompt.embedder")
+logger = logging.getLogger("gpuprompt.embed")
 
 _PROBES = (
     "",

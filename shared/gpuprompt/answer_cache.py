@@ -15,13 +15,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
-from gpuprompt._validate import check_clock, check_int, check_number, check_str, check_ttl, fail
 from gpuprompt.errors import ConfigurationError
+from gpuprompt.validation import check_clock, check_int, check_number, check_str, check_ttl, fail
 
 if TYPE_CHECKING:
     import torch
 
-    from gpuprompt.embedder import Embedder
+    from gpuprompt.embed import Embedder
 
 __all__ = ["DEFAULT_MAX_ENTRIES", "DEFAULT_TTL_SECONDS", "AnswerCache", "AnswerCacheStats"]
 

@@ -18,7 +18,6 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
-from gpuprompt._validate import check_bool, check_int, check_number, check_str
 from gpuprompt.errors import (
     ClosedError,
     ConfigurationError,
@@ -28,6 +27,7 @@ from gpuprompt.errors import (
     QueueFullError,
     describe,
 )
+from gpuprompt.validation import check_bool, check_int, check_number, check_str
 
 __all__ = ["PRIORITY_MAX", "PRIORITY_MIN", "BatcherStats", "MicroBatcher", "check_priority"]
 

@@ -172,7 +172,7 @@ class QualityError(ModelLoadError):
     """A quantised model fell under its quality guard; it was not loaded.
 
     Attributes:
-        report: the guard's figures (a ``gpuprompt._quant.QualityReport``), or None.
+        report: the guard's figures (a ``gpuprompt.embed.QualityReport``), or None.
         failed: each figure under its floor, as ``"name value < floor"``.
     """
 

@@ -1,6 +1,6 @@
 """Runtime: the per-process registry of loaded models and engines.
 
-The device helpers live in the leaf module :mod:`gpuprompt._device` (re-exported here), so that
+The device helpers live in the leaf module :mod:`gpuprompt.device` (re-exported here), so that
 components import them without importing the registry that builds the components.
 
 The same configuration always returns the same loaded instance, so a LangChain chain and a
@@ -15,12 +15,12 @@ import threading
 from collections.abc import Callable, Hashable
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from gpuprompt._device import check_device, default_dtype, resolve_device
+from gpuprompt.device import check_device, default_dtype, resolve_device
 from gpuprompt.errors import ClosedError, ConfigurationError
 
 if TYPE_CHECKING:
     from gpuprompt.context import ContextCache
-    from gpuprompt.embedder import Embedder
+    from gpuprompt.embed import Embedder
     from gpuprompt.llm import LLMEngine
 
 __all__ = ["Runtime", "default_dtype", "get_runtime", "resolve_device"]
@@ -105,9 +105,9 @@ class Runtime:
 
         Args:
             model: a local path, a hub id, or None for the bundled all-MiniLM-L6-v2.
-            **options: the other :class:`~gpuprompt.embedder.EmbedderConfig` fields.
+            **options: the other :class:`~gpuprompt.embed.EmbedderConfig` fields.
         """
-        from gpuprompt.embedder import Embedder, EmbedderConfig
+        from gpuprompt.embed import Embedder, EmbedderConfig
 
         config = EmbedderConfig(model=model, **options)
         if config.device == "auto" and self._device_request != "auto":

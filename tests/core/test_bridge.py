@@ -10,7 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from gpuprompt._bridge import bridge_loop, run_sync
+from gpuprompt.bridge import bridge_loop, run_sync
 from gpuprompt.errors import (
     EngineDeadError,
     EngineError,

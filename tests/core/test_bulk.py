@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from gpuprompt import VectorIndex
-from gpuprompt.bulk import chunk_text, index_bulk, main
+from gpuprompt.apps.bulk import chunk_text, index_bulk, main
 from gpuprompt.errors import ConfigurationError, InputTypeError, InvalidInputError
 
 WORDS = ["dress", "jeans", "cotton", "wash", "shrink", "red", "navy", "size", "return", "order", "delivery", "fabric", "wool", "linen", "zip", "hem"]
@@ -45,8 +45,8 @@ def records(path: Path) -> dict[str, object]:
 
 def test_importing_bulk_and_ray_modules_loads_neither_torch_nor_ray() -> None:
     code = (
-        "import sys, gpuprompt, gpuprompt.bulk, gpuprompt.ray, gpuprompt.bench.index_bulk\n"
-        "gpuprompt.bulk.RayOptions(num_cpus=2)\n"
+        "import sys, gpuprompt, gpuprompt.apps.bulk, gpuprompt.apps.ray, gpuprompt.apps.bench.index_bulk\n"
+        "gpuprompt.apps.bulk.RayOptions(num_cpus=2)\n"
         "print(','.join(m for m in ('torch', 'ray', 'pyarrow', 'transformers') if m in sys.modules))\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
@@ -226,7 +226,7 @@ CRASH = textwrap.dedent(
     """
     import os, sys
     from gpuprompt import EmbedderConfig
-    from gpuprompt.bulk import index_bulk
+    from gpuprompt.apps.bulk import index_bulk
 
     def crash(written):
         if written >= int(sys.argv[3]):

@@ -11,8 +11,8 @@ import pytest
 pytest.importorskip("ray.data")
 
 from gpuprompt import VectorIndex
-from gpuprompt.bulk import index_bulk
-from gpuprompt.bulk._ray import LOOPBACK, ensure_ray
+from gpuprompt.apps.bulk import index_bulk
+from gpuprompt.apps.bulk._ray import LOOPBACK, ensure_ray
 
 pytestmark = pytest.mark.ray
 

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from gpuprompt.bench import BenchContext, Chart, ScenarioResult, run_scenario, scenario, scenarios, write_summary
-from gpuprompt.cli import main
+from gpuprompt.apps.bench import BenchContext, Chart, ScenarioResult, run_scenario, scenario, scenarios, write_summary
+from gpuprompt.apps.cli import main
 from gpuprompt.errors import ConfigurationError
 
 EXPECTED_SCENARIOS = {
@@ -56,7 +56,7 @@ def test_reports_take_medians_and_write_json_png_summary(tmp_path: Path) -> None
 
 
 def test_console_script_help() -> None:
-    out = subprocess.run([sys.executable, "-m", "gpuprompt.cli", "serve", "--help"], capture_output=True,
+    out = subprocess.run([sys.executable, "-m", "gpuprompt.apps.cli", "serve", "--help"], capture_output=True,
                          text=True, check=True).stdout
     assert "--llm-backend" in out and "--api-key" in out
     assert "--max-collections" in out and "--max-collection-records" in out
@@ -66,7 +66,7 @@ def test_load_helpers_keep_order_and_bound_concurrency() -> None:
     import asyncio
     import threading
 
-    from gpuprompt.bench._load import task_load, thread_load
+    from gpuprompt.apps.bench._load import task_load, thread_load
 
     active, peak = 0, 0
     lock = threading.Lock()

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from gpuprompt import Embedder
-from gpuprompt.embedder import EmbedderConfig, EmbeddingCache
+from gpuprompt.embed import EmbedderConfig, EmbeddingCache
 from gpuprompt.errors import ClosedError, ConfigurationError, InputTypeError
 
 TEXTS = [

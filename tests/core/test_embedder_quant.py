@@ -20,8 +20,10 @@ import pytest
 
 pytest.importorskip("onnxruntime", reason="the int8 embedder needs the quant extra: pip install 'gpuprompt[quant]'")
 
-from gpuprompt import Embedder, Runtime, _quant
-from gpuprompt.embedder import EmbedderConfig, QualityThresholds
+from gpuprompt import Embedder, Runtime
+from gpuprompt._int8 import INSTALL_HINT
+from gpuprompt.embed import _build as _quant  # where the build looks up its steps (patched below)
+from gpuprompt.embed import EmbedderConfig, QualityThresholds
 from gpuprompt.errors import (
     ConfigurationError,
     DependencyError,
@@ -146,7 +148,7 @@ def test_guard_refuses_with_the_figures(int8_embedder: Embedder) -> None:
 def test_auto_falls_back_to_fp32_and_says_why(embedder: Embedder, caplog: pytest.LogCaptureFixture) -> None:
     emb = Embedder(device="cpu", quantize="auto", quantize_guard=FAILING)
     try:
-        with caplog.at_level(logging.WARNING, logger="gpuprompt.embedder"):
+        with caplog.at_level(logging.WARNING, logger="gpuprompt.embed"):
             out = emb.embed(TEXTS)
         assert emb.quantization is None and emb.identity == embedder.identity
         np.testing.assert_allclose(out, embedder.embed(TEXTS), atol=1e-5)
@@ -187,7 +189,7 @@ _BUILD = textwrap.dedent(
     import json, sys
     from pathlib import Path
     from sentence_transformers import SentenceTransformer
-    from gpuprompt import _quant
+    from gpuprompt.embed import _build as _quant
     from gpuprompt.models import resolve_embedding_model
 
     root = Path(sys.argv[1])
@@ -272,14 +274,14 @@ def test_fp32_and_int8_are_separate_shared_instances() -> None:
 
 def test_missing_onnxruntime(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
     def missing() -> None:
-        raise DependencyError(f"quantize='int8' needs onnxruntime and onnx: {_quant.INSTALL_HINT}")
+        raise DependencyError(f"quantize='int8' needs onnxruntime and onnx: {INSTALL_HINT}")
 
-    monkeypatch.setattr(_quant, "_onnxruntime", missing)
+    monkeypatch.setattr(_quant, "onnxruntime", missing)
     with pytest.raises(DependencyError, match=r"pip install 'gpuprompt\[quant\]'"):
         Embedder(device="cpu", quantize="int8").load()
     emb = Embedder(device="cpu", quantize="auto")
     try:
-        with caplog.at_level(logging.WARNING, logger="gpuprompt.embedder"):
+        with caplog.at_level(logging.WARNING, logger="gpuprompt.embed"):
             assert emb.quantization is None
         assert any("int8 is unavailable" in r.message for r in caplog.records)
     finally:

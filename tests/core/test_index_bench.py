@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from gpuprompt.bench import scenarios
-from gpuprompt.bench.search import clustered_vectors
+from gpuprompt.apps.bench import scenarios
+from gpuprompt.apps.bench.search import clustered_vectors
 
 
 def test_scenarios_registered() -> None:

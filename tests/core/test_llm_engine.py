@@ -351,7 +351,7 @@ def test_a_failing_batch_fails_its_requests_and_the_next_ones_run(
 def test_auto_falls_back_to_transformers_and_close_fails_pending_work(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    import gpuprompt.llm._vllm as vllm_backend
+    import gpuprompt.llm.backends._vllm as vllm_backend
 
     monkeypatch.setattr(vllm_backend, "vllm_available", lambda: False)
     engine = LLMEngine(backend="auto", device="cpu", max_num_seqs=2)

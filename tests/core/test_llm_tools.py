@@ -314,7 +314,7 @@ def all_refs(node) -> list[str]:
 
 
 def test_nested_tool_schemas_keep_their_definitions_at_the_root() -> None:
-    from gpuprompt.llm._guided import check_constraint
+    from gpuprompt.llm.backends._guided import check_constraint
 
     request = GenerationRequest(messages=ASK, tools=[LOOKUP, SHIP, TREE], parallel_tool_calls=False,
                                 response_format={"type": "json_schema", "json_schema": {"name": "C", "schema": {

@@ -367,7 +367,7 @@ def test_the_embedder_is_recorded_and_another_is_refused(uri, data) -> None:
 def test_rag_pipeline_answers_over_a_milvus_index(uri, embedder, tf_engine) -> None:
     """RAGPipeline takes any IndexLike: the sources come from the Milvus collection."""
     from gpuprompt import ContextCache, RAGPipeline
-    from gpuprompt.demo import catalogue
+    from gpuprompt.apps.demo import catalogue
 
     products = catalogue(20)
     texts = [p["text"] for p in products]

@@ -8,7 +8,7 @@ import asyncio
 import pytest
 
 from gpuprompt import ContextCache, RAGPipeline, VectorIndex
-from gpuprompt.demo import catalogue, customer_questions
+from gpuprompt.apps.demo import catalogue, customer_questions
 from gpuprompt.errors import ConfigurationError, FilterError, InputTypeError
 
 PRODUCTS = catalogue(60)
@@ -119,7 +119,7 @@ def test_answer_works_inside_a_running_event_loop(rag: RAGPipeline) -> None:
 
 
 def test_demo_prints_both_pipelines(capsys: pytest.CaptureFixture[str]) -> None:
-    from gpuprompt.demo import SCRIPT, run_demo
+    from gpuprompt.apps.demo import SCRIPT, run_demo
 
     assert run_demo(products=40, customers=4, naive_customers=2, max_tokens=4, llm_backend="transformers") == 0
     out = capsys.readouterr().out
@@ -133,8 +133,8 @@ def test_demo_prints_both_pipelines(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_demo_refuses_bad_sizes(capsys: pytest.CaptureFixture[str]) -> None:
-    from gpuprompt.cli import main
-    from gpuprompt.demo import run_demo
+    from gpuprompt.apps.cli import main
+    from gpuprompt.apps.demo import run_demo
 
     with pytest.raises(ConfigurationError, match="'products' must be an int >= 1"):
         run_demo(products=0)

@@ -12,10 +12,10 @@ import pytest
 pytest.importorskip("ray.serve")
 httpx = pytest.importorskip("httpx")
 
-from gpuprompt.bulk import index_bulk
-from gpuprompt.bulk._ray import ensure_ray
+from gpuprompt.apps.bulk import index_bulk
+from gpuprompt.apps.bulk._ray import ensure_ray
 from gpuprompt.errors import ConfigurationError
-from gpuprompt.ray import DEFAULT_MAX_ONGOING_REQUESTS, build_app
+from gpuprompt.apps.ray import DEFAULT_MAX_ONGOING_REQUESTS, build_app
 
 pytestmark = pytest.mark.ray
 

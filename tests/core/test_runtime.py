@@ -106,8 +106,8 @@ def test_importing_the_runtime_imports_no_component_module() -> None:
 
     code = (
         "import sys, gpuprompt.runtime; "
-        "mods = [m for m in ('gpuprompt.embedder', 'gpuprompt.context', 'gpuprompt.llm', 'gpuprompt.index', "
-        "'gpuprompt.pipeline', 'torch') if m in sys.modules]; print(mods)"
+        "mods = [m for m in ('gpuprompt.embed', 'gpuprompt.context', 'gpuprompt.llm', 'gpuprompt.index', "
+        "'gpuprompt.rag', 'torch') if m in sys.modules]; print(mods)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"

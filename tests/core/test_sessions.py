@@ -23,8 +23,8 @@ from gpuprompt.errors import (
     InvalidInputError,
     SnapshotError,
 )
-from gpuprompt.sessions import MemoryStore, SessionStore, TurnRecord
-from gpuprompt.sessions._protocol import decode_record, encode_record
+from gpuprompt.context.stores import MemoryStore, SessionStore, TurnRecord
+from gpuprompt.context.stores._protocol import decode_record, encode_record
 
 CHAT = [
     ("user", "I'm looking for a red summer dress."),
@@ -302,7 +302,7 @@ def test_importing_and_constructing_a_store_loads_no_heavy_library() -> None:
     code = (
         "import sys\n"
         "from gpuprompt import ContextCache\n"
-        "from gpuprompt.sessions import MemoryStore, RedisStore\n"
+        "from gpuprompt.context.stores import MemoryStore, RedisStore\n"
         "ContextCache(store=MemoryStore())\n"
         "try:\n"
         "    ContextCache(store=RedisStore('redis://127.0.0.1:1/0'))\n"
@@ -316,7 +316,7 @@ def test_importing_and_constructing_a_store_loads_no_heavy_library() -> None:
 
 def test_redis_store_options_are_checked() -> None:
     pytest.importorskip("redis")
-    from gpuprompt.sessions import RedisStore
+    from gpuprompt.context.stores import RedisStore
 
     for bad in [{"url": "http://localhost:6379"}, {"url": ""}, {"url": 6379}]:
         with pytest.raises(ConfigurationError, match="'url'"):

@@ -23,7 +23,7 @@ from redis_helpers import RedisServer
 
 from gpuprompt import ContextCache
 from gpuprompt.errors import EmbedderMismatchError, SessionStoreError
-from gpuprompt.sessions import RedisStore
+from gpuprompt.context.stores import RedisStore
 
 redis = pytest.importorskip("redis", reason="the redis client is not installed (pip install 'gpuprompt[redis]')")
 
@@ -80,7 +80,7 @@ def test_a_killed_writer_loses_no_acknowledged_turn(embedder, redis_server, pref
     writer = (
         "import sys\n"
         "from gpuprompt import ContextCache, Embedder\n"
-        "from gpuprompt.sessions import RedisStore\n"
+        "from gpuprompt.context.stores import RedisStore\n"
         "cache = ContextCache(Embedder(device='cpu'), store=RedisStore(sys.argv[1], prefix=sys.argv[2]))\n"
         "for i in range(100_000):\n"
         "    cache.append('s1', 'user', f'message number {i} from the first replica')\n"
@@ -173,7 +173,7 @@ def test_concurrent_appends_from_two_replicas_keep_order_and_lose_nothing(embedd
 def test_a_session_of_another_embedder_is_refused(embedder, redis_server, prefix) -> None:
     import numpy as np
 
-    from gpuprompt.sessions import TurnRecord
+    from gpuprompt.context.stores import TurnRecord
 
     store = RedisStore(redis_server.url, prefix=prefix)
     vector = np.ones(embedder.dim, "<f4").tobytes()
@@ -221,7 +221,7 @@ def test_redis_down_or_stalled_is_a_typed_error_never_a_hang(embedder, redis_bin
 def test_redis_store_keeps_the_memory_store_contract(redis_server, prefix) -> None:
     import numpy as np
 
-    from gpuprompt.sessions import MemoryStore, TurnRecord
+    from gpuprompt.context.stores import MemoryStore, TurnRecord
 
     def rec(text: str) -> TurnRecord:
         return TurnRecord("user", text, 1, 1_764_700_000.5, np.arange(4, dtype="<f4").tobytes())

@@ -24,7 +24,7 @@ SPAWN_SCRIPT = """
 import multiprocessing, os, sys, time
 with open(os.environ["MARK_FILE"], "a") as handle:
     handle.write(f"{os.getpid()}\\n")
-from gpuprompt.llm._spawn import no_main_reimport
+from gpuprompt.llm.backends._spawn import no_main_reimport
 context = multiprocessing.get_context("spawn")
 if os.environ.get("HIDE_MAIN") == "1":
     with no_main_reimport():
@@ -83,7 +83,7 @@ def test_chat_model_in_an_unguarded_script_runs_its_body_once(tmp_path: Path) ->
 # ---------------------------------------------------------------------- orphans
 ORPHAN_SCRIPT = """
 import multiprocessing, os, sys, time
-from gpuprompt.llm._spawn import no_main_reimport
+from gpuprompt.llm.backends._spawn import no_main_reimport
 with no_main_reimport():
     child = multiprocessing.get_context("spawn").Process(target=time.sleep, args=(600,))
     child.start()

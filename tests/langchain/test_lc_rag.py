@@ -12,7 +12,7 @@ from langchain_core.output_parsers import StrOutputParser
 from langchain_core.prompts import ChatPromptTemplate
 from langchain_core.runnables import RunnablePassthrough
 
-from gpuprompt.demo import catalogue, customer_questions
+from gpuprompt.apps.demo import catalogue, customer_questions
 from langchain_gpuprompt import ChatGPUPrompt, GPUPromptEmbeddings, GPUPromptVectorStore
 
 PROMPT = ChatPromptTemplate.from_messages(

@@ -64,7 +64,7 @@ def catalogue_nodes(li_embed):
     """
     from llama_index.core.schema import NodeRelationship, RelatedNodeInfo, TextNode
 
-    from gpuprompt.demo import catalogue
+    from gpuprompt.apps.demo import catalogue
 
     products = catalogue(60)
     vectors = li_embed.get_text_embedding_batch([p["text"] for p in products])

@@ -10,7 +10,7 @@ import pytest
 from llama_index.core import Document, Settings, StorageContext, VectorStoreIndex, load_index_from_storage
 from llama_index.core.vector_stores.types import MetadataFilter, MetadataFilters
 
-from gpuprompt.demo import catalogue
+from gpuprompt.apps.demo import catalogue
 from llamaindex_gpuprompt import GPUPromptEmbedding, GPUPromptLLM, GPUPromptVectorStore
 
 PRODUCTS = catalogue(40)

@@ -59,7 +59,7 @@ def _same(got: Any, want: Any) -> bool:
 @pytest.fixture(scope="module")
 def catalogue(embedder):
     """60 products: ids, texts, metadata and their vectors (the server's model)."""
-    from gpuprompt.demo import catalogue
+    from gpuprompt.apps.demo import catalogue
 
     products = catalogue(60)
     texts = [p["text"] for p in products]

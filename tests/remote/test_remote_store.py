@@ -220,7 +220,7 @@ def test_a_remote_store_worker_imports_no_torch(live, fresh) -> None:
 def test_the_largest_value_accepted_round_trips_through_the_server(live, fresh) -> None:
     # The store bounds a value so that its records are never refused later; on the server the item
     # record carries two more metadata fields than the vector records: it must still fit.
-    from gpuprompt._validate import MAX_NODES
+    from gpuprompt.validation import MAX_NODES
     from gpuprompt.errors import InvalidInputError
     from langchain_gpuprompt._store import _check_put
 

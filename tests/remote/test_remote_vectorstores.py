@@ -80,7 +80,7 @@ class TestGPUPromptVectorStoreRemote(VectorStoreIntegrationTests):
 
 @pytest.fixture(scope="module")
 def products() -> list[Document]:
-    from gpuprompt.demo import catalogue
+    from gpuprompt.apps.demo import catalogue
 
     return [Document(id=p["id"], page_content=p["text"], metadata=p["metadata"]) for p in catalogue(40)]
 

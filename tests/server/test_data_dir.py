@@ -18,7 +18,7 @@ import pytest
 from server_helpers import wait_until
 
 from gpuprompt.errors import ConfigurationError, SnapshotError
-from gpuprompt.server._durable import (
+from gpuprompt.index.durable import (
     LOCK_NAME,
     MAGIC,
     CollectionLog,
@@ -295,7 +295,7 @@ class _Serve:
         python = str(PYTHON) if PYTHON.exists() else sys.executable
         with open(log, "wb") as out:
             self.proc = subprocess.Popen(
-                [python, "-m", "gpuprompt.cli", "serve", "--data-dir", str(data), "--port", str(self.port),
+                [python, "-m", "gpuprompt.apps.cli", "serve", "--data-dir", str(data), "--port", str(self.port),
                  "--llm-backend", "transformers", "--device", "cpu", "--log-level", "warning"],
                 env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
             )

@@ -7,7 +7,7 @@ import re
 from pathlib import Path
 
 import pytest
-from gpuprompt.cli import build_parser
+from gpuprompt.apps.cli import build_parser
 from gpuprompt.errors import ConfigurationError
 from gpuprompt.server._settings import ServeSettings, env_name, flag_name, load_settings
 
@@ -84,7 +84,7 @@ def test_bad_values_name_the_flag_and_the_variable(clean_env) -> None:
 
 
 def test_the_cli_reports_a_bad_variable_and_exits_2(clean_env, capsys) -> None:
-    from gpuprompt.cli import _serve
+    from gpuprompt.apps.cli import _serve
 
     # _serve, not main(): main() closes the process's shared models on its way out.
     clean_env.setenv("GPUPROMPT_MAX_IN_FLIGHT", "-5")
@@ -129,7 +129,7 @@ def test_a_refused_start_is_one_line_and_exit_2(tmp_path, argv, said) -> None:
 
     (tmp_path / "file").write_text("not a folder")
     argv = [a.format(file=tmp_path / "file", tmp=tmp_path) for a in argv]
-    code = "import sys; from gpuprompt.cli import main; sys.exit(main(sys.argv[1:]))"
+    code = "import sys; from gpuprompt.apps.cli import main; sys.exit(main(sys.argv[1:]))"
     done = subprocess.run([sys.executable, "-c", code, "serve", "--port", "0", "--llm-backend", "transformers", *argv],
                           capture_output=True, text=True, timeout=300, check=False,
                           env={**os.environ, "HF_HUB_OFFLINE": "1"})

@@ -14,7 +14,7 @@ if TYPE_CHECKING:
     from gpuprompt.index._index import VectorIndex
     from gpuprompt.index._types import Record
 
-from gpuprompt._bridge import off_loop
+from gpuprompt.bridge import off_loop
 
 __all__ = ["AsyncIndexMixin", "off_loop"]
 

@@ -12,9 +12,9 @@ from typing import Any
 
 import numpy as np
 
-from gpuprompt._validate import check_int, check_metadata, check_number, check_str
 from gpuprompt.errors import DimensionMismatchError, InputTypeError, InvalidInputError, describe
 from gpuprompt.index.filters import compile_filter, filter_key
+from gpuprompt.validation import check_int, check_metadata, check_number, check_str
 
 __all__ = [
     "SQUARED_NORM_LIMIT",

@@ -12,10 +12,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from gpuprompt._device import check_device
-from gpuprompt._validate import check_bool, check_choice, check_int, check_number, check_str, check_text, fail
 from gpuprompt.batching import MAX_WAIT_MS_LIMIT
+from gpuprompt.device import check_device
 from gpuprompt.errors import ConfigurationError, EmbedderMismatchError, InvalidInputError, describe
+from gpuprompt.validation import check_bool, check_choice, check_int, check_number, check_str, check_text, fail
 
 __all__ = [
     "ANN_THRESHOLD",

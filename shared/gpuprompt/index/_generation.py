@@ -17,8 +17,8 @@ from typing import Any
 
 import numpy as np
 
-from gpuprompt._validate import INT64_MAX, check_metadata, check_text
 from gpuprompt.errors import InvalidInputError, SnapshotError, describe
+from gpuprompt.validation import INT64_MAX, check_metadata, check_text
 
 __all__ = ["FORMAT", "FORMAT_VERSION", "Snapshot", "read_generation", "read_manifest", "write_generation"]
 

@@ -8,10 +8,10 @@ from __future__ import annotations
 from collections.abc import Generator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from gpuprompt._validate import check_str
 from gpuprompt.errors import InputTypeError, describe
 from gpuprompt.index._checks import check_k
 from gpuprompt.index.filters import field_value
+from gpuprompt.validation import check_str
 
 if TYPE_CHECKING:
     from gpuprompt.index._index import VectorIndex

@@ -130,7 +130,7 @@ class VectorIndex(AsyncIndexMixin, GroupSearchMixin):
     def device(self) -> str:
         """The resolved device (resolving imports torch)."""
         if self._device is None:
-            from gpuprompt.runtime import resolve_device
+            from gpuprompt.device import resolve_device
 
             self._device = resolve_device(self._config.device)
         return self._device
@@ -183,7 +183,7 @@ class VectorIndex(AsyncIndexMixin, GroupSearchMixin):
         if device is not None:
             changes["device"] = device
         self._config.replace(**changes)  # a bad value fails before any lock is taken
-        from gpuprompt.runtime import resolve_device
+        from gpuprompt.device import resolve_device
 
         with self._setup_lock, self._lock.write():
             config = self._config.replace(**changes)

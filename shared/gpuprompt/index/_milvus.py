@@ -17,7 +17,6 @@ from typing import Any
 
 import numpy as np
 
-from gpuprompt._validate import check_path
 from gpuprompt.batching import BatcherStats, MicroBatcher
 from gpuprompt.errors import ClosedError, ConfigurationError, SnapshotError
 from gpuprompt.index._async import AsyncIndexMixin, off_loop
@@ -38,6 +37,7 @@ from gpuprompt.index._search import SearchRequest, make_request, request_cost
 from gpuprompt.index._store import RWLock
 from gpuprompt.index._types import Hit, IndexStats, Record
 from gpuprompt.index.filters import compile_filter
+from gpuprompt.validation import check_path
 
 __all__ = ["MilvusIndex"]
 
@@ -45,7 +45,7 @@ _LIMIT_CAP = 16_384  # Milvus's largest topk / query window
 _WRITE_CHUNK = 512
 _GET_CHUNK = 1_000
 _POINTER = "milvus.json"
-_EMBEDDER_PROPERTY = "gpuprompt.embedder"
+_EMBEDDER_PROPERTY = "gpuprompt.embed"
 
 
 class MilvusIndex(AsyncIndexMixin, GroupSearchMixin):
@@ -207,7 +207,7 @@ class MilvusIndex(AsyncIndexMixin, GroupSearchMixin):
 
         Also refused (InvalidInputError, nothing written): an id over 4,096 bytes, a document over
         65,535 bytes, metadata over 64 KiB of JSON, a declared scalar field of another kind.
-        ``embedder`` is recorded in the collection's properties (``gpuprompt.embedder``) by the
+        ``embedder`` is recorded in the collection's properties (``gpuprompt.embed``) by the
         first add naming one; a later add from another embedder raises ``EmbedderMismatchError``
         unless ``allow_other_embedder``.
 

@@ -14,9 +14,9 @@ from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any
 
-from gpuprompt._validate import check_choice, check_int, check_number, check_str, fail
 from gpuprompt.errors import ConfigurationError, DependencyError, InvalidInputError, VectorStoreError, describe
 from gpuprompt.index._milvus_filters import FOLDED_SUFFIX, SCALAR_KINDS
+from gpuprompt.validation import check_choice, check_int, check_number, check_str, fail
 
 __all__ = [
     "GPU_INDEX_TYPES",

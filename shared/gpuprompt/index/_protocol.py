@@ -12,8 +12,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-from gpuprompt._validate import check_path, fail
 from gpuprompt.errors import ConfigurationError
+from gpuprompt.validation import check_path, fail
 
 if TYPE_CHECKING:
     from gpuprompt.index._types import Hit, Record

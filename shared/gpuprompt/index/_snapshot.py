@@ -12,12 +12,12 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from gpuprompt._device import check_device
-from gpuprompt._validate import check_choice
+from gpuprompt.device import check_device
 from gpuprompt.errors import ConfigurationError, DependencyError, DeviceOutOfMemoryError, SnapshotError, describe
 from gpuprompt.index._checks import SQUARED_NORM_LIMIT, squared_norms
 from gpuprompt.index._config import BACKENDS, OPTIONS, IndexConfig, check_option_names
 from gpuprompt.index._plan import Backend, faiss_device, faiss_installed, fill, new_backend, new_faiss
+from gpuprompt.validation import check_choice
 
 if TYPE_CHECKING:
     from gpuprompt.index._generation import Snapshot
@@ -30,7 +30,7 @@ _LOAD_OPTIONS = tuple(name for name in OPTIONS if name not in ("metric", "backen
 
 def write_state(path: str | Path, config: IndexConfig, store: Store, backend: Backend | None) -> None:
     """Save the index's state at ``path`` (the caller holds the save lock and the read lock)."""
-    from gpuprompt import __version__
+    from gpuprompt._version import __version__
     from gpuprompt.index._faiss import FaissBackend
     from gpuprompt.index._persist import write_snapshot
 

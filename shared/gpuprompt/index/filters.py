@@ -47,8 +47,8 @@ from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from gpuprompt._validate import MAX_DEPTH, check_depth
 from gpuprompt.errors import FilterError, InvalidInputError, describe
+from gpuprompt.validation import MAX_DEPTH, check_depth
 
 __all__ = ["FilterError", "Predicate", "compile_filter", "field_value", "filter_key", "matches", "validate_filter"]
 

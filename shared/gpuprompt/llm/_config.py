@@ -8,9 +8,9 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from gpuprompt._validate import INT64_MAX, check_int, check_number
 from gpuprompt.batching import MAX_WAIT_MS_LIMIT
 from gpuprompt.errors import ConfigurationError, describe
+from gpuprompt.validation import INT64_MAX, check_int, check_number
 
 __all__ = ["BACKENDS", "LLMConfig"]
 

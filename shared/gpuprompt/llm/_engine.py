@@ -13,7 +13,7 @@ import threading
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from typing import Any
 
-from gpuprompt._device import resolve_device
+from gpuprompt.device import resolve_device
 from gpuprompt.errors import (
     ClosedError,
     ConfigurationError,
@@ -213,13 +213,13 @@ class LLMEngine:
         return self
 
     def _start_backend(self, window: int) -> Backend:
-        from gpuprompt.llm._transformers import TransformersBackend
-        from gpuprompt.llm._vllm import VLLMBackend, vllm_available
+        from gpuprompt.llm.backends._transformers import TransformersBackend
+        from gpuprompt.llm.backends._vllm import VLLMBackend, vllm_available
 
         assert self._model_path is not None
         choice = self.config.backend
         if choice == "remote":  # the model runs on the server: no local device, no torch
-            from gpuprompt.llm._remote import RemoteBackend
+            from gpuprompt.llm.backends._openai_http import RemoteBackend
 
             remote = RemoteBackend(self.config, self._model_path, window, "remote")
             remote.start()
@@ -387,7 +387,7 @@ class LLMEngine:
         if not requests:
             return []
         if policy.timeout is not None:
-            from gpuprompt._bridge import run_sync
+            from gpuprompt.bridge import run_sync
 
             return run_sync(self._agenerate_all(list(requests), policy))
         if policy.max_retries:

@@ -14,7 +14,6 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
-from gpuprompt._validate import check_int, check_number, fail
 from gpuprompt.errors import (
     ClosedError,
     ConfigurationError,
@@ -24,6 +23,7 @@ from gpuprompt.errors import (
     QueueFullError,
     RequestTimeoutError,
 )
+from gpuprompt.validation import check_int, check_number, fail
 
 __all__ = ["CallPolicy", "check_call_policy"]
 
@@ -77,7 +77,7 @@ class CallPolicy:
 
     def run_blocking(self, call: Callable[[], T]) -> T:
         """Call ``call()`` with this policy's retries on the calling thread (no timeout: a sync
-        call with a timeout goes through :func:`gpuprompt._bridge.run_sync` and :meth:`run`)."""
+        call with a timeout goes through :func:`gpuprompt.bridge.run_sync` and :meth:`run`)."""
         for attempt in range(self.max_retries + 1):
             try:
                 return call()

@@ -14,8 +14,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from gpuprompt._validate import check_bool, check_json, check_str, check_text, fail
 from gpuprompt.errors import InputTypeError, InvalidInputError, describe
+from gpuprompt.validation import check_bool, check_json, check_str, check_text, fail
 
 __all__ = [
     "ANSWER_TOOL",

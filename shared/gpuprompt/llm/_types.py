@@ -12,17 +12,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from gpuprompt._validate import (
-    INT64_MAX,
-    INT64_MIN,
-    check_bool,
-    check_int,
-    check_json,
-    check_number,
-    check_str,
-    check_text,
-    fail,
-)
 from gpuprompt.batching import check_priority
 from gpuprompt.errors import InputTypeError, InvalidInputError, describe
 from gpuprompt.llm._tools import (
@@ -34,6 +23,17 @@ from gpuprompt.llm._tools import (
     check_messages,
     check_tool_choice,
     check_tools,
+)
+from gpuprompt.validation import (
+    INT64_MAX,
+    INT64_MIN,
+    check_bool,
+    check_int,
+    check_json,
+    check_number,
+    check_str,
+    check_text,
+    fail,
 )
 
 __all__ = [

@@ -10,12 +10,12 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from gpuprompt._validate import check_json, check_number, check_str
 from gpuprompt.answer_cache import AnswerCacheStats
 from gpuprompt.errors import ConfigurationError, EngineError, InvalidInputError
 from gpuprompt.remote._client import SERVICE, RemoteClient, shared_client
 from gpuprompt.remote._config import RemoteConfig
 from gpuprompt.remote._errors import redact
+from gpuprompt.validation import check_json, check_number, check_str
 
 __all__ = ["MAX_ANSWER_BYTES", "RemoteAnswerCache", "check_answer"]
 

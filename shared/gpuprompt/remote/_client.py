@@ -93,7 +93,7 @@ class RemoteClient:
         return self.root + path
 
     def _headers(self) -> dict[str, str]:
-        from gpuprompt import __version__
+        from gpuprompt._version import __version__
 
         headers = {"Accept": "application/json", "User-Agent": f"gpuprompt-remote/{__version__}"}
         if self.config.api_key:

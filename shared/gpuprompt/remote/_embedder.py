@@ -153,7 +153,7 @@ class RemoteEmbedder:
     # ------------------------------------------------------------------ embedding
     @staticmethod
     def _chunks(texts: Sequence[str]) -> list[list[str]]:
-        from gpuprompt.embedder import validate_texts
+        from gpuprompt.embed import validate_texts
 
         texts = validate_texts(texts)
         return [texts[start:start + MAX_INPUTS_PER_REQUEST] for start in range(0, len(texts), MAX_INPUTS_PER_REQUEST)]

@@ -23,9 +23,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from gpuprompt._bridge import off_loop
-from gpuprompt._validate import check_choice, check_int, check_number, check_str, fail
 from gpuprompt.batching import BatcherStats, MicroBatcher
+from gpuprompt.bridge import off_loop
 from gpuprompt.errors import (
     ClosedError,
     ConfigurationError,
@@ -45,6 +44,7 @@ from gpuprompt.index._types import Hit, IndexStats, Record
 from gpuprompt.remote._client import SERVICE, RemoteClient, shared_client
 from gpuprompt.remote._config import RemoteConfig, resolve_remote
 from gpuprompt.remote._errors import redact
+from gpuprompt.validation import check_choice, check_int, check_number, check_str, fail
 
 if TYPE_CHECKING:
     from gpuprompt.index._checks import Upsert

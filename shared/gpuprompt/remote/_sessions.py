@@ -12,13 +12,13 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 from urllib.parse import quote
 
-from gpuprompt._validate import INT64_MAX, check_str
 from gpuprompt.context import MAX_SESSION_ID_LENGTH as _CACHE_KEY_LENGTH
 from gpuprompt.context import ContextCache, Turn
 from gpuprompt.errors import ConfigurationError, EngineError
 from gpuprompt.remote._client import SERVICE, RemoteClient, shared_client
 from gpuprompt.remote._config import RemoteConfig
 from gpuprompt.remote._errors import redact
+from gpuprompt.validation import INT64_MAX, check_str
 
 __all__ = ["MAX_REMOTE_SESSION_ID_LENGTH", "MAX_TURNS_PER_REQUEST", "RemoteContextCache"]
 

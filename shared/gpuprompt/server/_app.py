@@ -38,7 +38,7 @@ from gpuprompt.server._token_ids import decode_token_ids
 
 if TYPE_CHECKING:
     from gpuprompt.context import ContextCache
-    from gpuprompt.embedder import Embedder
+    from gpuprompt.embed import Embedder
     from gpuprompt.llm import LLMEngine
 
 __all__ = ["create_app"]
@@ -72,7 +72,7 @@ class _Server:
 
             store = None
             if config.redis_url is not None:
-                from gpuprompt.sessions import RedisStore
+                from gpuprompt.context.stores import RedisStore
 
                 store = RedisStore(config.redis_url, ttl_s=config.session_ttl_s)
             memory = ContextCache(embedder, store=store)
@@ -223,7 +223,7 @@ def create_app(
 
 
 def _version() -> str:
-    from gpuprompt import __version__
+    from gpuprompt._version import __version__
 
     return __version__
 

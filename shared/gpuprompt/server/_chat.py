@@ -17,7 +17,6 @@ from typing import TYPE_CHECKING, Any
 from fastapi import FastAPI, Request
 from fastapi.responses import Response, StreamingResponse
 
-from gpuprompt._validate import INT64_MIN
 from gpuprompt.errors import ContextLengthError, InvalidInputError
 from gpuprompt.server._errors import ApiError, error_event
 from gpuprompt.server._http import SSE_HEADERS, all_or_none, json_response, sse, until_disconnect
@@ -32,6 +31,7 @@ from gpuprompt.server._schemas_chat import (
     CompletionResponse,
     ToolCallOut,
 )
+from gpuprompt.validation import INT64_MIN
 
 if TYPE_CHECKING:
     from gpuprompt.llm import GenerationRequest, GenerationResult, StreamDelta, Usage

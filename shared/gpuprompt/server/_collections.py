@@ -6,7 +6,7 @@ serve --vector-uri``): then each collection is the Milvus collection ``gpuprompt
 name escaped to Milvus's alphabet), its records outlive the server, and a restarted server finds
 its collections again. With ``data_dir`` (``gpuprompt serve --data-dir``) the in-memory indexes
 outlive the process instead: every write is logged and fsynced before it is applied and
-acknowledged, and snapshots are checkpointed (:mod:`gpuprompt.server._durable`). A collection is
+acknowledged, and snapshots are checkpointed (:mod:`gpuprompt.index.durable`). A collection is
 created by its first successful upsert. Conversation sessions live in one shared ContextCache,
 keyed ``"<collection>/<session id>"`` (collection names cannot hold a ``/``).
 
@@ -28,19 +28,19 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from gpuprompt._bridge import off_loop
+from gpuprompt.bridge import off_loop
 from gpuprompt.errors import ConfigurationError
-from gpuprompt.server._durable import CollectionDropped, CollectionLog, DataDir, encode_delete, encode_upsert, purge
+from gpuprompt.index.durable import CollectionDropped, CollectionLog, DataDir, encode_delete, encode_upsert, purge
 from gpuprompt.server._errors import ApiError
 
 logger = logging.getLogger("gpuprompt.server")
 
 if TYPE_CHECKING:
     from gpuprompt.context import ContextCache
-    from gpuprompt.embedder import Embedder
+    from gpuprompt.embed import Embedder
     from gpuprompt.index import IndexLike
     from gpuprompt.llm import LLMEngine
-    from gpuprompt.pipeline import RAGPipeline
+    from gpuprompt.rag import RAGPipeline
 
 T = TypeVar("T")
 
@@ -303,7 +303,7 @@ class Collections:
         return VectorIndex(self._embedder.dim, metric="cosine", device=self._device)
 
     def _rag(self, index: IndexLike) -> RAGPipeline:
-        from gpuprompt.pipeline import RAGPipeline
+        from gpuprompt.rag import RAGPipeline
 
         return RAGPipeline(
             index, self._llm, embedder=self._embedder, memory=self.memory, k=self._rag_k, max_tokens=self._max_tokens

@@ -39,7 +39,7 @@ class ServerConfig:
         device: ``"auto"``, ``"cpu"``, ``"cuda"``, ``"cuda:N"`` or ``"mps"`` for both models.
         embed_quantize: None (full precision), ``"int8"`` (int8 embedder forward pass on CPU) or
             ``"auto"`` (int8 on CPU, full precision elsewhere); see
-            :class:`~gpuprompt.embedder.EmbedderConfig` ``quantize``.
+            :class:`~gpuprompt.embed.EmbedderConfig` ``quantize``.
         default_max_tokens: tokens generated when a request names no ``max_tokens`` (the engine
             also caps it by the room left in the context window).
         rag_k: documents retrieved per question by the collection chat endpoint.

@@ -16,7 +16,7 @@ from prometheus_client.registry import Collector
 
 if TYPE_CHECKING:
     from gpuprompt.context import ContextCache
-    from gpuprompt.embedder import Embedder
+    from gpuprompt.embed import Embedder
     from gpuprompt.index import VectorIndex
     from gpuprompt.llm import LLMEngine
 

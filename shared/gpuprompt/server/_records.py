@@ -33,13 +33,13 @@ from fastapi import FastAPI, Path
 from fastapi.responses import Response
 from pydantic import BaseModel, Field, StrictBool, StrictFloat, field_validator, model_validator
 
-from gpuprompt._bridge import off_loop
-from gpuprompt._validate import INT64_MAX
+from gpuprompt.bridge import off_loop
 from gpuprompt.errors import DimensionMismatchError, InvalidInputError
 from gpuprompt.server._collections import COLLECTION_NAME_PATTERN, Collection, recorded_embedder
 from gpuprompt.server._errors import ApiError
 from gpuprompt.server._http import all_or_none, json_response
 from gpuprompt.server._schemas import FilterObject, HitModel, Metadata, Text, _int, _number, _Strict
+from gpuprompt.validation import INT64_MAX
 
 if TYPE_CHECKING:
     from gpuprompt.index import Hit, Record

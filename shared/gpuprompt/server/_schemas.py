@@ -7,7 +7,7 @@ generating routes). Our own collection requests forbid unknown fields.
 Every request field is bounded here, at the boundary (rule 10): ints and floats have ranges the
 core and every backend accept (no NaN or infinity), every string must be well-formed Unicode (a
 JSON escape such as ``"\\ud800"`` decodes to a lone surrogate that no UTF-8 writer accepts), and
-free-form JSON (metadata, filters, schemas) goes through :func:`gpuprompt._validate.check_json`,
+free-form JSON (metadata, filters, schemas) goes through :func:`gpuprompt.validation.check_json`,
 which bounds its nesting and size. A request that passes these models cannot make the core fail
 with anything but its own typed errors.
 
@@ -26,7 +26,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
 
-from gpuprompt._validate import (
+from gpuprompt.batching import PRIORITY_MAX, PRIORITY_MIN, check_priority
+from gpuprompt.validation import (
     INT64_MAX,
     INT64_MIN,
     MAX_DEPTH,
@@ -36,7 +37,6 @@ from gpuprompt._validate import (
     check_number,
     check_text,
 )
-from gpuprompt.batching import PRIORITY_MAX, PRIORITY_MIN, check_priority
 
 __all__ = [
     "AddDocumentsRequest",

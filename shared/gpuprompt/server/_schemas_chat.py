@@ -12,7 +12,6 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, Field, field_validator, model_validator
 
-from gpuprompt._validate import check_number
 from gpuprompt.server._schemas import (
     MAX_STOP,
     Choices,
@@ -30,6 +29,7 @@ from gpuprompt.server._schemas import (
     _OpenAIRequest,
     _run,
 )
+from gpuprompt.validation import check_number
 
 __all__ = [
     "MAX_LOGIT_BIAS",

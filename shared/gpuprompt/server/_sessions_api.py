@@ -31,10 +31,10 @@ from fastapi import FastAPI
 from fastapi.responses import Response
 from pydantic import BaseModel, Field
 
-from gpuprompt._validate import INT64_MAX, check_str
 from gpuprompt.context import MAX_SESSION_ID_LENGTH as _CACHE_KEY_LENGTH
 from gpuprompt.server._http import json_response
 from gpuprompt.server._schemas import Text, _int, _Strict
+from gpuprompt.validation import INT64_MAX, check_str
 
 if TYPE_CHECKING:
     from gpuprompt.context import Turn

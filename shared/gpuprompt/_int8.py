@@ -1,0 +1,284 @@
+"""int8 ONNX on CPU, shared by the int8 backends of the embedder and the reranker.
+
+A transformer exported to ONNX is rewritten so that every ``MatMul`` with a constant weight runs as
+onnxruntime's ``MatMulIntegerToFloat`` with per-output-channel int8 weights and per-token int8
+activations, after SmoothQuant moves outlier channels from the activations into the weights
+(:func:`quantize_onnx`; the measurements behind the recipe are in :mod:`gpuprompt.embed._int8`).
+Each model is built once into the models cache (:func:`build_once`) and run by one-thread
+sessions (:func:`session`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from gpuprompt.errors import DependencyError, ModelLoadError
+
+__all__ = [
+    "COMPLETE_MARK",
+    "INSTALL_HINT",
+    "build_once",
+    "channel_maxima",
+    "fingerprint",
+    "onnxruntime",
+    "quantize_onnx",
+    "session",
+    "write_json_atomic",
+]
+
+INSTALL_HINT = "pip install 'gpuprompt[quant]' (onnxruntime and onnx)"
+
+COMPLETE_MARK = ".gpuprompt-complete"
+"""The file that marks a built folder as complete (written last, before the rename into place)."""
+
+
+def onnxruntime() -> Any:
+    """The onnxruntime module (onnx checked too: the rewrite needs it), or a DependencyError naming both."""
+    try:
+        import onnx  # noqa: F401 - the rewrite needs it; checked here so the hint names both
+        import onnxruntime as ort
+    except ImportError as exc:
+        raise DependencyError(f"quantize='int8' needs onnxruntime and onnx: {INSTALL_HINT}") from exc
+    return ort
+
+
+def session(path: Path | str | bytes, *, threads: int = 1) -> Any:
+    """An onnxruntime CPU session of ``threads`` intra-op threads whose idle threads never spin.
+
+    Idle pool threads must not spin between batches: they would take the cores from the tokenizer
+    and from callers' threads (2 cores here).
+    """
+    ort = onnxruntime()
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.inter_op_num_threads = 1
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    model = path if isinstance(path, bytes) else str(path)
+    try:
+        return ort.InferenceSession(model, options, providers=["CPUExecutionProvider"])
+    except Exception as exc:
+        raise ModelLoadError(f"onnxruntime could not load {path if not isinstance(path, bytes) else 'the graph'}: "
+                             f"{exc}; delete the folder to rebuild it.") from exc
+
+
+def channel_maxima(path: Path, batches: Iterable[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+    """Per-channel max |activation| of every constant-weight MatMul's input, over ``batches``.
+
+    Args:
+        path: the fp32 ONNX graph.
+        batches: feature dicts (numpy arrays by input name, ``attention_mask`` among them), as the
+            model's own tokenizer makes them; padding tokens do not count.
+    """
+    import onnx
+
+    ort = onnxruntime()
+    graph_model = onnx.load(str(path))
+    weights = {init.name for init in graph_model.graph.initializer}
+    matmuls = [n for n in graph_model.graph.node if n.op_type == "MatMul" and n.input[1] in weights]
+    names = list(dict.fromkeys(n.input[0] for n in matmuls))
+    known = {o.name for o in graph_model.graph.output}
+    for name in names:
+        if name not in known:
+            graph_model.graph.output.append(onnx.helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, None))
+    runner = ort.InferenceSession(graph_model.SerializeToString(), providers=["CPUExecutionProvider"])
+    inputs = [i.name for i in runner.get_inputs()]
+    maxima: dict[str, np.ndarray] = {}
+    for features in batches:
+        mask = np.asarray(features["attention_mask"]).astype(bool).reshape(-1)
+        outputs = runner.run(names, {n: np.asarray(features[n]) for n in inputs})
+        for name, value in zip(names, outputs):
+            rows = value.reshape(-1, value.shape[-1])[mask]  # padding tokens do not count
+            peak = np.abs(rows).max(axis=0)
+            maxima[name] = np.maximum(maxima[name], peak) if name in maxima else peak
+    return maxima
+
+
+def quantize_onnx(src: Path, dst: Path, *, maxima: dict[str, np.ndarray] | None = None, alpha: float = 0.5) -> int:
+    """Rewrite every constant-weight ``MatMul`` of ``src`` to per-token x per-channel int8.
+
+    ``y = x @ W`` becomes ``step = max|x| / 127 per token row; q = QuantizeLinear(x, step, 128)
+    (per row); y = MatMulIntegerToFloat(q, Wq, 1, w_scale, 128) * step``: symmetric int8 activations per token
+    (one scale per row, so a text never depends on its batch-mates), symmetric int8 weights per
+    output channel. The MatMuls that read the same tensor (Q, K, V) share one quantised input.
+
+    With ``maxima`` (:func:`channel_maxima`), activations are smoothed first (SmoothQuant): input
+    channel j is divided by ``s_j = max|x_j|**alpha / max|W_j|**(1 - alpha)`` and weight row j
+    multiplied by it, which is exact in real arithmetic and moves outlier channels' range from the
+    activations (one scale per token) to the weights (one scale per output channel).
+
+    Returns:
+        How many MatMuls were rewritten.
+    """
+    import onnx
+    from onnx import helper, numpy_helper
+
+    graph_model = onnx.load(str(src))
+    graph = graph_model.graph
+    weights = {init.name: init for init in graph.initializer}
+    extra = [
+        numpy_helper.from_array(np.array(1e-6, np.float32), "q8_eps"),
+        numpy_helper.from_array(np.array(1 / 127, np.float32), "q8_step"),
+        numpy_helper.from_array(np.array(1.0, np.float32), "q8_one"),
+        numpy_helper.from_array(np.array(128, np.uint8), "q8_zero"),
+        numpy_helper.from_array(np.array([1], np.int64), "q8_axis1"),
+        numpy_helper.from_array(np.array([1], np.int64), "q8_vector"),  # the shape of a 1-element vector
+    ]
+    # Every activation here is (batch, sequence, width), like the token ids: their shape gives the
+    # leading dims and the token-row count once, shared by every quantised MatMul.
+    ids = graph.input[0].name
+    nodes: list[Any] = [
+        helper.make_node("Shape", [ids], ["q8_lead"], name="q8_Lead"),
+        helper.make_node("Size", [ids], ["q8_tokens"], name="q8_Tokens"),
+        helper.make_node("Reshape", ["q8_tokens", "q8_vector"], ["q8_rows"], name="q8_Rows"),
+        helper.make_node("Expand", ["q8_zero", "q8_rows"], ["q8_row_zero"], name="q8_RowZero"),
+    ]
+    shapes: set[int] = set()
+    quantised: dict[str, str] = {}
+    smoothing: dict[str, np.ndarray] = {}
+    count = 0
+    for node in graph.node:
+        if node.op_type != "MatMul" or node.input[1] not in weights:
+            nodes.append(node)
+            continue
+        x = node.input[0]
+        w = numpy_helper.to_array(weights[node.input[1]]).astype(np.float32)  # (in, out)
+        if x not in quantised:
+            p = quantised[x] = f"q8_in{len(quantised)}_"
+            source = x
+            width = w.shape[0]
+            extra.append(numpy_helper.from_array(np.array([-1, width], np.int64), p + "rows_shape"))
+            if maxima is not None:
+                # One smoothing per input tensor, from the first weight that reads it (Q, K and V
+                # read one tensor: their rows are scaled alike).
+                smooth = _smoothing(maxima[x], w, alpha)
+                smoothing[x] = smooth
+                extra.append(numpy_helper.from_array((1 / smooth).astype(np.float32), p + "smooth"))
+                nodes.append(helper.make_node("Mul", [x, p + "smooth"], [p + "smoothed"], name=p + "Smooth"))
+                source = p + "smoothed"
+            # Rows of (tokens, width); a per-axis QuantizeLinear over axis 0 scales each token row by
+            # its own step (max|row| / 127) in one pass.
+            nodes += [
+                helper.make_node("Reshape", [source, p + "rows_shape"], [p + "rows"], name=p + "Rows"),
+                helper.make_node("Abs", [p + "rows"], [p + "abs"], name=p + "Abs"),
+                helper.make_node("ReduceMax", [p + "abs"], [p + "max"], name=p + "ReduceMax", axes=[1], keepdims=0),
+                helper.make_node("Max", [p + "max", "q8_eps"], [p + "r"], name=p + "Max"),
+                helper.make_node("Mul", [p + "r", "q8_step"], [p + "row_step"], name=p + "RowStep"),
+                helper.make_node("QuantizeLinear", [p + "rows", p + "row_step", "q8_row_zero"], [p + "q"],
+                                 name=p + "Quantize", axis=0),
+                helper.make_node("Unsqueeze", [p + "row_step", "q8_axis1"], [p + "step_col"], name=p + "StepColumn"),
+            ]
+        p, q = quantised[x], f"q8_mm{count}_"
+        count += 1
+        if x in smoothing:
+            w = w * smoothing[x][:, None]
+        scale = np.maximum(np.abs(w).max(axis=0), 1e-12) / 127
+        extra += [
+            numpy_helper.from_array(np.clip(np.round(w / scale), -127, 127).astype(np.int8), q + "w"),
+            numpy_helper.from_array(scale.astype(np.float32), q + "scale"),
+        ]
+        out_width = int(w.shape[1])
+        if out_width not in shapes:  # (batch, sequence, width) for each output width, built once
+            shapes.add(out_width)
+            extra.append(numpy_helper.from_array(np.array([out_width], np.int64), f"q8_width{out_width}"))
+            nodes.append(helper.make_node("Concat", ["q8_lead", f"q8_width{out_width}"], [f"q8_shape{out_width}"],
+                                          name=f"q8_Shape{out_width}", axis=0))
+        # onnxruntime's MatMulIntegerToFloat applies the scalar activation step and the per-column
+        # weight scales in the GEMM's output stage (a separate Cast + Mul measured ~20% of the
+        # forward); the per-row scale, which it cannot take, is one Mul after it.
+        nodes += [
+            helper.make_node(
+                "MatMulIntegerToFloat",
+                [p + "q", q + "w", "q8_one", q + "scale", "q8_zero"],
+                [q + "col"],
+                name=q + "MatMulIntegerToFloat",
+                domain="com.microsoft",
+            ),
+            helper.make_node("Mul", [q + "col", p + "step_col"], [q + "rows"], name=q + "RowScale"),
+            helper.make_node("Reshape", [q + "rows", f"q8_shape{out_width}"], [node.output[0]], name=q + "Unrows"),
+        ]
+    if count == 0:
+        raise ModelLoadError(f"{src} has no MatMul with a constant weight: nothing to quantise.")
+    del graph.node[:]
+    graph.node.extend(nodes)
+    graph.initializer.extend(extra)
+    if not any(opset.domain == "com.microsoft" for opset in graph_model.opset_import):
+        graph_model.opset_import.append(helper.make_opsetid("com.microsoft", 1))
+    used = {name for node in graph.node for name in node.input}
+    kept = [init for init in graph.initializer if init.name in used]
+    del graph.initializer[:]
+    graph.initializer.extend(kept)
+    onnx.save(graph_model, str(dst))
+    return count
+
+
+def _smoothing(activation_max: np.ndarray, w: np.ndarray, alpha: float) -> np.ndarray:
+    weight_max = np.abs(w).max(axis=1)
+    smooth = np.maximum(activation_max, 1e-5) ** alpha / np.maximum(weight_max, 1e-5) ** (1 - alpha)
+    return np.clip(smooth, 1e-4, 1e4).astype(np.float32)
+
+
+def fingerprint(model_path: str, recipe: str) -> str:
+    """A short digest of a model folder and a recipe: every file's name and size, and the weights'
+    first MiB (a hub id: its name)."""
+    path = Path(model_path)
+    digest = hashlib.sha256(recipe.encode())
+    if not path.is_dir():  # a hub id: its name is all we know
+        digest.update(model_path.encode())
+        return digest.hexdigest()[:12]
+    for file in sorted(p for p in path.rglob("*") if p.is_file()):
+        digest.update(f"{file.relative_to(path)}:{file.stat().st_size}\n".encode())
+        if file.suffix in (".safetensors", ".bin"):
+            with file.open("rb") as handle:
+                digest.update(handle.read(1 << 20))
+    return digest.hexdigest()[:12]
+
+
+def build_once(target: Path, build: Callable[[Path], None], *, ready: Callable[[Path], bool], what: str) -> None:
+    """Build ``target`` once across processes: the first to arrive builds under a file lock while
+    others wait; the folder is written under a temporary name and renamed when complete (with
+    :data:`COMPLETE_MARK`), so a crash never leaves a half folder that looks finished.
+
+    Args:
+        target: the folder to build.
+        build: fills a fresh temporary folder.
+        ready: whether a folder holds a usable build (checked again under the lock).
+        what: names the model in messages.
+
+    Raises:
+        DependencyError, ModelLoadError: from ``build``; any other failure as ModelLoadError.
+    """
+    from filelock import FileLock
+
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(target) + ".lock", timeout=1800):
+        if ready(target):
+            return
+        tmp = Path(tempfile.mkdtemp(prefix=f".{target.name[:40]}-", dir=target.parent))
+        try:
+            build(tmp)
+            (tmp / COMPLETE_MARK).write_text(target.name + "\n")
+            if target.exists():  # a leftover without the mark (an interrupted older build)
+                shutil.rmtree(target)
+            os.replace(tmp, target)
+        except Exception as exc:
+            shutil.rmtree(tmp, ignore_errors=True)
+            if isinstance(exc, (DependencyError, ModelLoadError)):
+                raise
+            raise ModelLoadError(f"building the int8 model of {what} failed: {exc}") from exc
+
+
+def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
+    """Write JSON beside ``path`` and rename it into place."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(data, indent=2) + "\n")
+    os.replace(tmp, path)

@@ -1,0 +1,134 @@
+"""Where a bulk job writes: the :class:`BulkWriter` protocol and its targets.
+
+A target takes upserts and, on :meth:`BulkWriter.commit`, makes everything written so far durable;
+only then does the job record those shards as done. A ``VectorIndex`` snapshot folder is the
+target here; a Milvus collection (``gpuprompt.MilvusIndex``) plugs in the same way.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+from gpuprompt.errors import DimensionMismatchError, InputTypeError, describe
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from gpuprompt.index import VectorIndex
+
+__all__ = ["BulkWriter", "SnapshotWriter", "open_writer"]
+
+_MILVUS_PREFIXES = ("http://", "https://", "tcp://", "unix:")
+
+
+@runtime_checkable
+class BulkWriter(Protocol):
+    """A bulk job's target."""
+
+    progress_path: Path
+    """Where the job's progress file lives (beside the target)."""
+
+    def write(
+        self, ids: Sequence[str], vectors: np.ndarray, documents: Sequence[str], metadatas: Sequence[Mapping[str, Any]]
+    ) -> None:
+        """Upsert records (an existing id is replaced)."""
+
+    def stale_ids(self, current: set[str]) -> list[str]:
+        """Ids in the target of a source that ``current`` (this input's chunk ids) also has, but that
+        ``current`` lacks: chunks of a source whose text got shorter since an earlier run."""
+
+    def delete(self, ids: Sequence[str]) -> None:
+        """Delete records by id."""
+
+    def commit(self) -> None:
+        """Make every write so far durable (a crash after this loses none of them)."""
+
+    def close(self) -> None:
+        """Release the target (after a final :meth:`commit`)."""
+
+
+class SnapshotWriter:
+    """Writes into a :class:`~gpuprompt.VectorIndex` saved as a snapshot folder.
+
+    An existing snapshot at ``path`` is loaded and upserted into; :meth:`commit` saves the whole
+    index (write-then-rename, see :meth:`VectorIndex.save`). The progress file is
+    ``<path>.progress.json`` beside the folder.
+
+    Args:
+        path: the snapshot folder (created on the first commit).
+        dim: the embedder's dimension.
+        embedder: the embedder's identity, recorded in the index.
+    """
+
+    def __init__(self, path: Path, *, dim: int, embedder: str) -> None:
+        from gpuprompt.index import VectorIndex
+
+        self.path = path
+        self.progress_path = path.with_name(path.name + ".progress.json")
+        self.embedder = embedder
+        if path.exists() and (not path.is_dir() or any(path.iterdir())):
+            index = VectorIndex.load(path)
+            if index.dim != dim:
+                raise DimensionMismatchError(
+                    f"the snapshot at '{path}' holds {index.dim}-d vectors but the embedder makes {dim}-d ones; "
+                    "write into a new folder or use the embedder that built it."
+                )
+        else:
+            index = VectorIndex(dim)
+        self.index: VectorIndex = index
+        self.existed = index.count > 0
+
+    def __repr__(self) -> str:
+        return f"<SnapshotWriter {str(self.path)!r} count={self.index.count}>"
+
+    def write(
+        self, ids: Sequence[str], vectors: np.ndarray, documents: Sequence[str], metadatas: Sequence[Mapping[str, Any]]
+    ) -> None:
+        self.index.add(list(ids), vectors, documents=list(documents), metadatas=list(metadatas), embedder=self.embedder)
+
+    def stale_ids(self, current: set[str]) -> list[str]:
+        if not self.existed:
+            return []
+        return stale_ids(self.index.ids(), current)
+
+    def delete(self, ids: Sequence[str]) -> None:
+        self.index.delete(list(ids))
+
+    def commit(self) -> None:
+        self.index.save(self.path)
+
+    def close(self) -> None:
+        self.index.close()
+
+
+def stale_ids(stored: Sequence[str], current: set[str]) -> list[str]:
+    """The ids in ``stored`` whose source (the part before the last ``#``) has a chunk in
+    ``current`` but which are not in ``current`` themselves."""
+    sources = {chunk_id.rpartition("#")[0] for chunk_id in current}
+    return [i for i in stored if i not in current and i.rpartition("#")[0] in sources]
+
+
+def is_milvus_target(into: str | os.PathLike[str]) -> bool:
+    """Whether ``into`` names a Milvus collection: a server URI or a Milvus Lite ``.db`` file."""
+    text = os.fspath(into)
+    return text.startswith(_MILVUS_PREFIXES) or text.endswith(".db")
+
+
+def open_writer(into: str | os.PathLike[str], *, dim: int, embedder: str, collection: str | None = None) -> BulkWriter:
+    """The writer for ``into``: a snapshot folder, or a Milvus URI (``http://...`` or ``*.db``).
+
+    Raises:
+        InputTypeError: ``into`` is not a path or URI.
+        SnapshotError: ``into`` exists but is not a snapshot (nothing is changed).
+        DependencyError: a Milvus target without ``pymilvus`` installed.
+    """
+    if not isinstance(into, (str, os.PathLike)) or not os.fspath(into):
+        raise InputTypeError(f"'into' must be a snapshot folder path or a Milvus URI (got {describe(into)}).")
+    if is_milvus_target(into):
+        from gpuprompt.apps.bulk._milvus import MilvusWriter
+
+        return MilvusWriter(os.fspath(into), dim=dim, embedder=embedder, collection=collection)
+    return SnapshotWriter(Path(into), dim=dim, embedder=embedder)

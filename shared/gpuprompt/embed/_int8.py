@@ -1,0 +1,219 @@
+"""The embedder's int8 backend on CPU: its transformer exported to ONNX once, rewritten to int8
+(:mod:`gpuprompt._int8`), and run in slices (:class:`Int8Forward`).
+
+Only the forward pass changes: tokenisation, truncation, pooling and normalisation stay the
+SentenceTransformer's own code, so an int8 :class:`~gpuprompt.Embedder` batches, caches and counts
+tokens exactly as the fp32 one does.
+
+The recipe, chosen by measurement on all-MiniLM-L6-v2 (2 cores; the ``embed-quant`` bench gives the
+end-to-end figures): every ``MatMul`` with a constant weight runs as onnxruntime's
+``MatMulIntegerToFloat`` with **per-output-channel** symmetric int8 weights and **per-token**
+symmetric int8 activations (each token row scaled by its own max-abs at run time), after
+SmoothQuant (alpha 0.5, calibrated on a small built-in corpus) moves outlier channels from the
+activations into the weights. Cosine to fp32, mean / min:
+
+* torch dynamic int8 of every Linear (the issue's measurement, 512 short texts): 0.951 / 0.934;
+* ``onnxruntime.quantization.quantize_dynamic``, per-channel (2,300 catalogue texts and
+  questions): 0.993 / 0.983 -- it scales activations per tensor, over the whole padded batch, so a
+  vector also depended on its batch-mates;
+* onnxruntime ``MatMulNBits`` 8-bit blockwise: 0.9997, but only 1.0-1.3x the fp32 speed here;
+* per-token (3,000 guard texts): 0.9976 / 0.9959; per-token + SmoothQuant: 0.9989 / 0.9977 (kept;
+  the min is 0.986 once the guard's :data:`EDGE_TEXTS` such as ``"?"`` and ``""`` are included).
+
+With per-row scales a text's vector never depends on the batch it lands in: batched, concurrent
+and one-at-a-time vectors are bit-identical, as :class:`Int8Forward` relies on.
+
+On CUDA ``quantize`` stays off: ``"int8"`` is refused and ``"auto"`` keeps fp16. What int8 would buy
+there (reasoned, not measured: no GPU was available for this work): fp16 already runs the GEMMs on
+tensor cores, and for a 22M-parameter encoder at embedding batch sizes the time goes mostly to
+kernel launches, attention, LayerNorm and GELU, which int8 does not touch; int8 GEMMs would halve
+the weights' memory (about 45 MB to 23 MB, immaterial on a GPU) and add per-token quantise /
+dequantise passes between layers. A real GPU gain would need fused int8 kernels (TensorRT or a
+compiled graph), not a drop-in forward swap; onnxruntime's CPU kernels used here do not run on CUDA.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import warnings
+from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from gpuprompt._int8 import session
+from gpuprompt.errors import ModelLoadError
+
+__all__ = ["GUARD_BATCH", "RECIPE", "Int8Forward", "calibration_batches", "calibration_texts", "export_onnx"]
+
+RECIPE = "int8-sq-pertoken-v1"
+"""Names the export + rewrite + guard recipe; a new recipe builds a new cache folder."""
+
+GUARD_BATCH = 64
+"""Texts per batch when the guard and the calibration encode."""
+_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
+
+
+# ---------------------------------------------------------------------------------------- runtime
+class Int8Forward:
+    """The int8 forward pass: the ONNX transformer, then the SentenceTransformer's own later modules.
+
+    A batch is split into ``threads`` slices of about equal token count, each run by a one-thread
+    onnxruntime call on a core of its own. The int8 graph has ~300 small nodes, and splitting each
+    of them over two cores gained little (measured on an idle 2-core machine: 32 short questions
+    took 24 ms on two intra-op threads and 12.5 ms as two one-thread halves, fp32 torch 49 ms;
+    64 product descriptions 195 / 163 ms, fp32 torch 423 ms). Per-token scales make every
+    row independent of the others, so the split never changes a vector; each slice is also cut to
+    its own longest text (less padding).
+
+    Args:
+        path: the int8 ONNX file.
+        model: the loaded ``SentenceTransformer`` (its first module is the one replaced).
+        threads: slices run at once (default: torch's thread count).
+    """
+
+    def __init__(self, path: Path, model: Any, *, threads: int | None = None) -> None:
+        import torch
+
+        self._threads = max(1, threads or torch.get_num_threads())
+        self._session = session(path, threads=1)
+        self._inputs = [i.name for i in self._session.get_inputs()]
+        self._tail = list(model)[1:]
+        tokenizer = getattr(model, "tokenizer", None)
+        self._right_padded = getattr(tokenizer, "padding_side", "right") == "right"
+        self._pool: ThreadPoolExecutor | None = None
+        self._pool_lock = threading.Lock()
+        self.path = path
+
+    def __call__(self, features: dict[str, Any]) -> Any:
+        """``features`` from ``SentenceTransformer.preprocess`` -> ``(batch, dim)`` sentence embeddings."""
+        import torch
+
+        slices = self._slices(features["attention_mask"])
+        if len(slices) == 1:
+            return self._tail_of(features, self._run(features, slices[0]))
+        pool = self._executor()
+        hidden = list(pool.map(lambda part: self._run(features, part), slices))
+        return torch.cat([self._tail_of(features, h, part) for h, part in zip(hidden, slices)])
+
+    def _slices(self, mask: Any) -> list[tuple[int, int, int]]:
+        """``(start, stop, length)`` row slices of about equal token count, one per thread."""
+        lengths = mask.sum(dim=1).tolist()
+        rows = len(lengths)
+        width = int(mask.shape[1])
+        parts = min(self._threads, rows)
+        bounds = [0]
+        if parts > 1:
+            total, running, k = sum(lengths), 0, 1
+            for i, n in enumerate(lengths):
+                running += n
+                if k < parts and running >= total * k / parts and i + 1 < rows:
+                    bounds.append(i + 1)
+                    k += 1
+        bounds.append(rows)
+        out = []
+        for start, stop in itertools.pairwise(bounds):
+            length = max(lengths[start:stop]) if self._right_padded else width
+            out.append((start, stop, max(1, int(length))))
+        return out
+
+    def _run(self, features: dict[str, Any], part: tuple[int, int, int]) -> Any:
+        start, stop, length = part
+        feed = {name: features[name][start:stop, :length].numpy() for name in self._inputs}
+        return self._session.run(["token_embeddings"], feed)[0]
+
+    def _tail_of(self, features: dict[str, Any], hidden: Any, part: tuple[int, int, int] | None = None) -> Any:
+        import torch
+
+        if part is not None:
+            start, stop, length = part
+            features = {k: v[start:stop, :length] if isinstance(v, torch.Tensor) and v.dim() == 2 else v
+                        for k, v in features.items()}
+        else:
+            features = dict(features)
+            length = hidden.shape[1]
+            features = {k: v[:, :length] if isinstance(v, torch.Tensor) and v.dim() == 2 else v
+                        for k, v in features.items()}
+        features["token_embeddings"] = torch.from_numpy(hidden)
+        for module in self._tail:
+            features = module(features)
+        return features["sentence_embedding"]
+
+    def _executor(self) -> ThreadPoolExecutor:
+        # Long-lived threads that only call onnxruntime (no torch op, so no OpenMP team of their own).
+        with self._pool_lock:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(self._threads, thread_name_prefix="gpuprompt-int8")
+            return self._pool
+
+    def close(self) -> None:
+        """Release the session and the slice threads."""
+        with self._pool_lock:
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=False)
+        self._session = None  # type: ignore[assignment]
+
+
+def export_onnx(model: Any, path: Path) -> None:
+    """Export the ``SentenceTransformer``'s transformer (token embeddings out) to ONNX, fp32.
+
+    The export traces a copy with eager attention (plain MatMul + Softmax), so the loaded model
+    keeps its own attention implementation.
+    """
+    import copy
+
+    import torch
+
+    transformer = model[0]
+    auto = getattr(transformer, "auto_model", None) or getattr(transformer, "model", None)
+    if auto is None or not hasattr(model, "preprocess"):
+        raise ModelLoadError(
+            f"int8 export needs a SentenceTransformer whose first module wraps a transformers model (got "
+            f"{type(transformer).__name__}); use quantize=None for this model."
+        )
+    auto = copy.deepcopy(auto).float().eval()
+    if hasattr(auto, "set_attn_implementation"):
+        auto.set_attn_implementation("eager")
+    features = model.preprocess(["a short text", "a longer text, so that the trace sees padding and a mask"])
+    names = [n for n in _INPUTS if isinstance(features.get(n), torch.Tensor)]
+
+    class TokenEmbeddings(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.auto = auto
+
+        def forward(self, *tensors: torch.Tensor) -> torch.Tensor:
+            return self.auto(**dict(zip(names, tensors))).last_hidden_state
+
+    axes = {n: {0: "batch", 1: "sequence"} for n in [*names, "token_embeddings"]}
+    with warnings.catch_warnings(), torch.inference_mode(False), torch.no_grad():
+        warnings.simplefilter("ignore")  # tracer warnings about shapes the graph keeps dynamic
+        torch.onnx.export(
+            TokenEmbeddings().eval(),
+            tuple(features[n].cpu() for n in names),
+            str(path),
+            input_names=names,
+            output_names=["token_embeddings"],
+            dynamic_axes=axes,
+            opset_version=17,
+            do_constant_folding=True,
+            dynamo=False,
+        )
+
+
+def calibration_texts() -> list[str]:
+    """The built-in calibration corpus: other products, questions and chat than the guard's."""
+    from gpuprompt._corpus import catalogue, customer_questions
+
+    return [item["text"] for item in catalogue(160, seed=3)] + customer_questions(96, seed=5)
+
+
+def calibration_batches(model: Any, texts: Sequence[str]) -> Iterator[dict[str, np.ndarray]]:
+    """``texts`` as the SentenceTransformer's own features, in batches, for :func:`~gpuprompt._int8.channel_maxima`."""
+    for start in range(0, len(texts), GUARD_BATCH):
+        features = model.preprocess(list(texts[start : start + GUARD_BATCH]))
+        yield {name: value.numpy() for name, value in features.items() if hasattr(value, "numpy")}
