@@ -368,7 +368,7 @@ def test_many_appends_under_the_cap_keep_rows_and_turns_aligned() -> None:
 
 
 def test_roles_are_the_llm_roles_and_every_stored_turn_fits_a_request() -> None:
-    from gpuprompt import context
+    from gpuprompt.context import _cache as context
     from gpuprompt.llm import GenerationRequest
     from gpuprompt.llm._types import ROLES
 

@@ -160,7 +160,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_serve_flags(serve)
     serve.set_defaults(func=_serve)
 
-    from gpuprompt import bulk
+    from gpuprompt.apps import bulk
 
     index_bulk = sub.add_parser(
         "index-bulk",
