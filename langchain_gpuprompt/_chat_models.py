@@ -19,7 +19,7 @@ from gpuprompt.errors import ConfigurationError, InvalidInputError, describe
 from gpuprompt.llm._policy import check_call_policy
 from gpuprompt.models import BUNDLED_CHAT_MODEL
 from gpuprompt.remote._config import ENV_API_KEY, resolve_remote
-from gpuprompt.remote._errors import redact
+from gpuprompt.wire import redact
 from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
 from langchain_core.language_models import BaseChatModel, LanguageModelInput, ModelProfile
 from langchain_core.language_models.base import LangSmithParams

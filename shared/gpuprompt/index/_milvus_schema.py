@@ -259,7 +259,7 @@ class _typed:
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> bool:
         if exc is None or not _is_milvus_failure(exc):
             return False
-        from gpuprompt.remote._errors import redact  # the one credential scrubber (a light module)
+        from gpuprompt.wire import redact  # the one credential scrubber (a light module)
 
         where = redact(self.uri)
         said = str(getattr(exc, "message", "") or exc) or type(exc).__name__

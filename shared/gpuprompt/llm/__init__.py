@@ -5,24 +5,33 @@ Importing this package loads no torch, transformers or vLLM; the engine loads on
 
 from __future__ import annotations
 
-from gpuprompt.llm._config import LLMConfig
-from gpuprompt.llm._engine import LLMEngine
-from gpuprompt.llm._policy import CallPolicy
-from gpuprompt.llm._tools import ToolCall, ToolCallDelta, ToolChoice, ToolSpec
-from gpuprompt.llm._types import EngineStats, GenerationRequest, GenerationResult, StreamDelta, Timings, Usage
+from typing import TYPE_CHECKING
 
-__all__ = [
-    "CallPolicy",
-    "EngineStats",
-    "GenerationRequest",
-    "GenerationResult",
-    "LLMConfig",
-    "LLMEngine",
-    "StreamDelta",
-    "Timings",
-    "ToolCall",
-    "ToolCallDelta",
-    "ToolChoice",
-    "ToolSpec",
-    "Usage",
-]
+from gpuprompt._lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from gpuprompt.llm._config import LLMConfig
+    from gpuprompt.llm._engine import LLMEngine
+    from gpuprompt.llm._policy import CallPolicy
+    from gpuprompt.llm._tools import ToolCall, ToolCallDelta, ToolChoice, ToolSpec
+    from gpuprompt.llm._types import EngineStats, GenerationRequest, GenerationResult, StreamDelta, Timings, Usage
+
+_EXPORTS = {
+    "CallPolicy": "gpuprompt.llm._policy",
+    "EngineStats": "gpuprompt.llm._types",
+    "GenerationRequest": "gpuprompt.llm._types",
+    "GenerationResult": "gpuprompt.llm._types",
+    "LLMConfig": "gpuprompt.llm._config",
+    "LLMEngine": "gpuprompt.llm._engine",
+    "StreamDelta": "gpuprompt.llm._types",
+    "Timings": "gpuprompt.llm._types",
+    "ToolCall": "gpuprompt.llm._tools",
+    "ToolCallDelta": "gpuprompt.llm._tools",
+    "ToolChoice": "gpuprompt.llm._tools",
+    "ToolSpec": "gpuprompt.llm._tools",
+    "Usage": "gpuprompt.llm._types",
+}
+
+__all__ = sorted(_EXPORTS)
+
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

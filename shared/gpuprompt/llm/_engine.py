@@ -31,6 +31,7 @@ from gpuprompt.llm._job import End, Failure, Job, Text
 from gpuprompt.llm._policy import CallPolicy
 from gpuprompt.llm._types import EngineStats, GenerationRequest, GenerationResult, StreamDelta
 from gpuprompt.models import BUNDLED_CHAT_MODEL, resolve_chat_model
+from gpuprompt.wire import EXTRA_SAMPLING, GUIDED_FIELDS
 
 __all__ = ["LLMEngine"]
 
@@ -553,21 +554,9 @@ class LLMEngine:
         self.close()
 
 
-_SAMPLING_DEFAULTS = {
-    "top_k": 0,
-    "min_p": 0.0,
-    "presence_penalty": 0.0,
-    "frequency_penalty": 0.0,
-    "repetition_penalty": 1.0,
-    "logit_bias": None,
-}
-_GUIDED_FIELDS = {"json": "response_format", "json_object": "response_format", "regex": "guided_regex",
-                  "choice": "guided_choice"}
-
-
 def _check_supported(request: GenerationRequest, backend: Backend) -> None:
     """Refuse a non-default field the backend cannot honour (never ignore it silently)."""
-    for name, default in _SAMPLING_DEFAULTS.items():
+    for name, default in EXTRA_SAMPLING.items():
         if getattr(request, name) != default and name not in backend.sampling_fields:
             raise UnsupportedFeatureError(
                 f"'{name}' is not supported by the {backend.name!r} backend (got {describe(getattr(request, name))}); "
@@ -577,7 +566,7 @@ def _check_supported(request: GenerationRequest, backend: Backend) -> None:
             )
     kinds = []
     if request.guided is not None:
-        kinds.append((next(iter(request.guided)), _GUIDED_FIELDS[next(iter(request.guided))]))
+        kinds.append((next(iter(request.guided)), GUIDED_FIELDS[next(iter(request.guided))]))
     if request.tools and request.tool_choice != "none":
         kinds.append(("json", "tools"))
     for kind, name in kinds:

@@ -14,7 +14,7 @@ given ``base_url=`` (or ``GPUPROMPT_URL``)::
     RemoteLLM        POST /v1/chat/completions and /v1/completions, the LLMEngine calls the
                      adapters make, with the core's request / result / stream types
 
-Errors are the core's typed errors (the table in :mod:`gpuprompt.remote._errors`). Importing this
+Errors are the core's typed errors (the table in :mod:`gpuprompt.wire`). Importing this
 package loads nothing heavy; httpx is imported on the first request.
 """
 
@@ -28,11 +28,11 @@ if TYPE_CHECKING:
     from gpuprompt.remote._client import RemoteClient, shared_client
     from gpuprompt.remote._config import ENV_API_KEY, ENV_URL, RemoteConfig, resolve_remote
     from gpuprompt.remote._embedder import RemoteEmbedder
-    from gpuprompt.remote._errors import api_root, error_from_status, redact
     from gpuprompt.remote._index import RemoteIndex
     from gpuprompt.remote._llm import RemoteLLM
     from gpuprompt.remote._sessions import RemoteContextCache
     from gpuprompt.remote._shared import shared_embedder, shared_llm
+    from gpuprompt.wire import api_root, error_from_status, redact
 
 _EXPORTS: dict[str, str] = {
     "ENV_API_KEY": "gpuprompt.remote._config",
@@ -44,9 +44,9 @@ _EXPORTS: dict[str, str] = {
     "RemoteEmbedder": "gpuprompt.remote._embedder",
     "RemoteIndex": "gpuprompt.remote._index",
     "RemoteLLM": "gpuprompt.remote._llm",
-    "api_root": "gpuprompt.remote._errors",
-    "error_from_status": "gpuprompt.remote._errors",
-    "redact": "gpuprompt.remote._errors",
+    "api_root": "gpuprompt.wire",
+    "error_from_status": "gpuprompt.wire",
+    "redact": "gpuprompt.wire",
     "resolve_remote": "gpuprompt.remote._config",
     "shared_client": "gpuprompt.remote._client",
     "shared_embedder": "gpuprompt.remote._shared",

@@ -14,8 +14,8 @@ from gpuprompt.answer_cache import AnswerCacheStats
 from gpuprompt.errors import ConfigurationError, EngineError, InvalidInputError
 from gpuprompt.remote._client import SERVICE, RemoteClient, shared_client
 from gpuprompt.remote._config import RemoteConfig
-from gpuprompt.remote._errors import redact
 from gpuprompt.validation import check_json, check_number, check_str
+from gpuprompt.wire import redact
 
 __all__ = ["MAX_ANSWER_BYTES", "RemoteAnswerCache", "check_answer"]
 

@@ -27,7 +27,7 @@ from typing import Any, TypeVar
 
 from gpuprompt.errors import ClosedError, DependencyError, EngineError
 from gpuprompt.remote._config import RemoteConfig
-from gpuprompt.remote._errors import error_from_event, error_from_status, redact, transport_error
+from gpuprompt.wire import error_from_event, error_from_status, redact, transport_error
 
 __all__ = ["RemoteClient", "shared_client"]
 

@@ -96,7 +96,7 @@ class RemoteConfig:
     @property
     def root(self) -> str:
         """The ``/v1`` API root."""
-        from gpuprompt.remote._errors import api_root
+        from gpuprompt.wire import api_root
 
         return api_root(self.base_url)
 
@@ -107,7 +107,7 @@ class RemoteConfig:
 
 
 def _redacted(url: str) -> str:
-    from gpuprompt.remote._errors import redact
+    from gpuprompt.wire import redact
 
     return redact(url)
 

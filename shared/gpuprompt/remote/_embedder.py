@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import base64
 import threading
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -13,14 +12,14 @@ import numpy as np
 from gpuprompt.errors import ClosedError, ConfigurationError, EngineError, GPUPromptError
 from gpuprompt.remote._client import SERVICE, RemoteClient, shared_client
 from gpuprompt.remote._config import RemoteConfig
-from gpuprompt.remote._errors import redact
+from gpuprompt.wire import MAX_EMBEDDING_INPUTS, decode_vectors, redact
 
 if TYPE_CHECKING:
     import torch
 
 __all__ = ["MAX_INPUTS_PER_REQUEST", "RemoteEmbedder"]
 
-MAX_INPUTS_PER_REQUEST = 2048
+MAX_INPUTS_PER_REQUEST = MAX_EMBEDDING_INPUTS
 """Most texts per ``POST /v1/embeddings`` (the server's limit, OpenAI's too); more are split."""
 _PROBE = "dimension probe"
 
@@ -245,7 +244,7 @@ class RemoteEmbedder:
 
 def _row(value: Any) -> np.ndarray:
     if isinstance(value, str):
-        return np.frombuffer(base64.b64decode(value, validate=True), dtype="<f4").astype(np.float32)
+        return decode_vectors(value, name="embedding")
     if isinstance(value, list):
         return np.asarray(value, dtype=np.float32)
     raise ValueError(f"an embedding must be base64 text or a list of floats (got a {type(value).__name__})")

@@ -43,19 +43,16 @@ from gpuprompt.index._search import SearchRequest, make_request, request_cost
 from gpuprompt.index._types import Hit, IndexStats, Record
 from gpuprompt.remote._client import SERVICE, RemoteClient, shared_client
 from gpuprompt.remote._config import RemoteConfig, resolve_remote
-from gpuprompt.remote._errors import redact
 from gpuprompt.validation import check_choice, check_int, check_number, check_str, fail
+from gpuprompt.wire import COLLECTION_NAME_PATTERN, MAX_IDS_PER_REQUEST, MAX_RECORDS_PER_REQUEST, encode_vectors, redact
 
 if TYPE_CHECKING:
     from gpuprompt.index._checks import Upsert
 
 __all__ = ["COLLECTION_NAME_PATTERN", "RemoteIndex", "remote_index"]
 
-COLLECTION_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
 """Server collection names (the server's own pattern, repeated here so no server module is imported)."""
 METRICS = ("cosine", "ip", "l2")
-_MAX_RECORDS_PER_REQUEST = 2048  # the server's MAX_RECORDS_PER_REQUEST
-_MAX_IDS_PER_REQUEST = 100_000  # the server's MAX_IDS_PER_REQUEST
 _GET_CHUNK = 1024  # ids per get request: an answer carries every vector (about 2 KiB each at 384 dims)
 _BODY_BUDGET = 8 * 1024 * 1024  # bytes per request body we aim under (the server's default limit is 16 MiB)
 _ASYNC_INLINE = 1 << 16  # numbers validated on the loop thread; more are checked in a worker thread
@@ -350,7 +347,7 @@ class RemoteIndex(GroupSearchMixin):
         self._check_open()
         id_list = list(dict.fromkeys(check_id_list(ids)))
         deleted = 0
-        for chunk in _chunks(id_list, _MAX_IDS_PER_REQUEST):
+        for chunk in _chunks(id_list, MAX_IDS_PER_REQUEST):
             answer = self.client.request("POST", self._path + "/delete", {"ids": chunk}, idempotent=True)
             deleted += int(_object(answer, self._where)["deleted"])
         return deleted
@@ -360,7 +357,7 @@ class RemoteIndex(GroupSearchMixin):
         self._check_open()
         id_list = list(dict.fromkeys(check_id_list(ids)))
         deleted = 0
-        for chunk in _chunks(id_list, _MAX_IDS_PER_REQUEST):
+        for chunk in _chunks(id_list, MAX_IDS_PER_REQUEST):
             answer = await self.client.arequest("POST", self._path + "/delete", {"ids": chunk}, idempotent=True)
             deleted += int(_object(answer, self._where)["deleted"])
         return deleted
@@ -658,7 +655,7 @@ def _chunks(items: list[str], size: int) -> Iterator[list[str]]:
 def _b64(matrix: Any) -> str:
     if is_tensor(matrix):
         matrix = matrix.detach().cpu().numpy()
-    return base64.b64encode(np.ascontiguousarray(matrix, dtype="<f4").tobytes()).decode("ascii")
+    return encode_vectors(matrix)
 
 
 def _upsert_bodies(upsert: Upsert, embedder: str | None, allow_other: bool) -> Iterator[dict[str, Any]]:
@@ -667,7 +664,7 @@ def _upsert_bodies(upsert: Upsert, embedder: str | None, allow_other: bool) -> I
     start, n = 0, len(upsert.unique_ids)
     while start < n:
         end, budget = start, 0
-        while end < n and end - start < _MAX_RECORDS_PER_REQUEST:
+        while end < n and end - start < MAX_RECORDS_PER_REQUEST:
             document, metadata = upsert.documents[end], upsert.metadatas[end]
             cost = row_bytes + len(upsert.unique_ids[end]) * 4 + (len(document) * 4 if document else 0)
             cost += len(json.dumps(metadata, ensure_ascii=False)) * 2 if metadata else 0

@@ -22,7 +22,6 @@ from gpuprompt.errors import (
     GPUPromptError,
     InputTypeError,
     RequestTimeoutError,
-    UnsupportedFeatureError,
     describe,
 )
 from gpuprompt.llm._policy import CallPolicy
@@ -31,93 +30,12 @@ from gpuprompt.llm._types import EngineStats, GenerationRequest, GenerationResul
 from gpuprompt.remote._client import SERVICE, RemoteClient, shared_client
 from gpuprompt.remote._config import RemoteConfig
 from gpuprompt.remote._embedder import _health, _model_ids, _served_model
-from gpuprompt.remote._errors import redact
+from gpuprompt.wire import SESSION_HEADER, redact, request_body
 
 __all__ = ["SESSION_HEADER", "RemoteLLM", "request_body"]
 
-SESSION_HEADER = "X-Session-ID"
-"""The header carrying ``GenerationRequest.session_id`` (the server passes it to its engine and router)."""
 DEFAULT_CONTEXT_WINDOW = 2048
 """The context window reported when none is given (the server enforces its own)."""
-
-
-def _chat_message(message: Mapping[str, Any]) -> dict[str, Any]:
-    """A checked core message (``GenerationRequest.messages``) in OpenAI's shape."""
-    out: dict[str, Any] = {"role": message["role"], "content": message["content"]}
-    calls = message.get("tool_calls")
-    if calls:
-        out["tool_calls"] = [call.to_openai() for call in calls]
-    for key in ("tool_call_id", "name"):
-        if message.get(key) is not None:
-            out[key] = message[key]
-    return out
-
-
-def request_body(request: GenerationRequest, model: str | None = None) -> tuple[str, dict[str, Any]]:
-    """The API path and streamed JSON body that ask ``gpuprompt serve`` for what ``request`` asks
-    the engine in process.
-
-    Every field that changes the output is sent; the server honours it or refuses it (400 naming
-    it, raised here as the typed error). ``truncate="left"`` cannot be sent (the server fits
-    prompts with ``"error"`` only) and is refused here.
-
-    Raises:
-        UnsupportedFeatureError: ``truncate="left"``.
-    """
-    if request.truncate != "error":
-        raise UnsupportedFeatureError(
-            f"'truncate' must be 'error' in remote mode (got {request.truncate!r}): gpuprompt serve refuses a prompt "
-            "that does not fit (ContextLengthError) and drops no turns itself; trim the history before sending, or "
-            "run in process for truncate='left'.",
-            field="truncate",
-            backend="remote",
-        )
-    body: dict[str, Any] = {
-        "max_tokens": request.max_tokens,
-        "temperature": request.temperature,
-        "top_p": request.top_p,
-        "stream": True,
-        "stream_options": {"include_usage": True},
-    }
-    if model is not None:
-        body["model"] = model
-    if request.messages is not None:
-        path = "/chat/completions"
-        body["messages"] = [_chat_message(message) for message in request.messages]
-        if request.tools:
-            body["tools"] = [tool.to_openai() for tool in request.tools]
-            choice = request.tool_choice
-            body["tool_choice"] = choice if choice in ("auto", "required", "none") else {
-                "type": "function", "function": {"name": choice}}
-            body["parallel_tool_calls"] = request.parallel_tool_calls
-    else:
-        path = "/completions"
-        body["prompt"] = request.prompt
-    if request.stop:
-        body["stop"] = list(request.stop)
-    if request.seed is not None:
-        body["seed"] = request.seed
-    if request.priority:
-        body["priority"] = request.priority
-    for name, default in (("top_k", 0), ("min_p", 0.0), ("presence_penalty", 0.0), ("frequency_penalty", 0.0),
-                          ("repetition_penalty", 1.0)):
-        value = getattr(request, name)
-        if value != default:
-            body[name] = value
-    if request.logit_bias:
-        body["logit_bias"] = {str(token): bias for token, bias in request.logit_bias.items()}
-    guided = request.guided
-    if guided is not None:
-        if "json" in guided:
-            body["response_format"] = {"type": "json_schema",
-                                       "json_schema": {"name": "response", "schema": dict(guided["json"])}}
-        elif "json_object" in guided:
-            body["response_format"] = {"type": "json_object"}
-        elif "regex" in guided:
-            body["guided_regex"] = guided["regex"]
-        elif "choice" in guided:
-            body["guided_choice"] = list(guided["choice"])
-    return path, body
 
 
 class _Reader:

@@ -17,16 +17,14 @@ from gpuprompt.context import ContextCache, Turn
 from gpuprompt.errors import ConfigurationError, EngineError
 from gpuprompt.remote._client import SERVICE, RemoteClient, shared_client
 from gpuprompt.remote._config import RemoteConfig
-from gpuprompt.remote._errors import redact
 from gpuprompt.validation import INT64_MAX, check_str
+from gpuprompt.wire import MAX_TURNS_PER_REQUEST, redact
 
 __all__ = ["MAX_REMOTE_SESSION_ID_LENGTH", "MAX_TURNS_PER_REQUEST", "RemoteContextCache"]
 
 MAX_REMOTE_SESSION_ID_LENGTH = _CACHE_KEY_LENGTH - 2
 """Longest session id in remote mode (1022): the server keys these sessions ``"@/<id>"`` (see
 ``gpuprompt.server._sessions_api``), within the cache's limit of 1024 characters."""
-MAX_TURNS_PER_REQUEST = 2048
-"""Most turns per append request (the server's limit); a longer ``extend`` is sent in parts."""
 
 
 class RemoteContextCache:

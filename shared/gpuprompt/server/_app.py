@@ -8,7 +8,6 @@ concurrent requests.
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextlib
 import dataclasses
 import functools
@@ -35,6 +34,7 @@ from gpuprompt.server._metrics import CONTENT_TYPE_LATEST, Metrics
 from gpuprompt.server._records import add_record_routes
 from gpuprompt.server._sessions_api import add_session_routes
 from gpuprompt.server._token_ids import decode_token_ids
+from gpuprompt.wire import encode_vectors
 
 if TYPE_CHECKING:
     from gpuprompt.context import ContextCache
@@ -306,8 +306,7 @@ def _routes(app: FastAPI, server: _Server) -> None:
         metrics.embedding_inputs.observe(len(texts))
         tokens = sum(await server.count_tokens(texts))
         if body.encoding_format == "base64":
-            little = vectors.astype("<f4", copy=False)
-            items = [s.EmbeddingItem(index=i, embedding=base64.b64encode(row.tobytes()).decode()) for i, row in enumerate(little)]
+            items = [s.EmbeddingItem(index=i, embedding=encode_vectors(row)) for i, row in enumerate(vectors)]
         else:
             items = [s.EmbeddingItem(index=i, embedding=row) for i, row in enumerate(vectors.tolist())]
         return json_response(

@@ -32,6 +32,7 @@ from gpuprompt.server._schemas_chat import (
     ToolCallOut,
 )
 from gpuprompt.validation import INT64_MIN
+from gpuprompt.wire import SESSION_HEADER
 
 if TYPE_CHECKING:
     from gpuprompt.llm import GenerationRequest, GenerationResult, StreamDelta, Usage
@@ -60,9 +61,6 @@ def usage_model(usages: list[Usage], prompts: int | None = None) -> ChatUsage:
                      prompt_tokens_details={"cached_tokens": cached})
 
 
-SESSION_HEADER = "X-Session-ID"
-"""The request header naming a conversation: passed to the engine (and by a remote backend to its
-router, which keeps the conversation on the replica holding its prefix cache)."""
 
 
 def session_of(request: Request) -> str | None:

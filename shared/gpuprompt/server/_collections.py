@@ -32,6 +32,7 @@ from gpuprompt.bridge import off_loop
 from gpuprompt.errors import ConfigurationError
 from gpuprompt.index.durable import CollectionDropped, CollectionLog, DataDir, encode_delete, encode_upsert, purge
 from gpuprompt.server._errors import ApiError
+from gpuprompt.wire import COLLECTION_NAME_PATTERN
 
 logger = logging.getLogger("gpuprompt.server")
 
@@ -54,8 +55,6 @@ __all__ = [
     "server_name",
 ]
 
-COLLECTION_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
-"""Collection names: 1-64 letters, digits, ``.``, ``_`` or ``-``, starting with a letter or digit."""
 
 MILVUS_PREFIX = "gpuprompt_c_"
 """The prefix of the Milvus collections that hold a server's collections."""

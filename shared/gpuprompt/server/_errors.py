@@ -47,20 +47,9 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from gpuprompt.errors import (
-    ClosedError,
-    ConfigurationError,
-    ContextLengthError,
-    DimensionMismatchError,
-    EmbedderMismatchError,
-    EngineDeadError,
-    FilterError,
     GPUPromptError,
-    InvalidInputError,
-    QueueFullError,
-    SessionStoreError,
-    UnsupportedFeatureError,
-    VectorStoreError,
 )
+from gpuprompt.wire import describe_error, param_of
 
 __all__ = [
     "ApiError",
@@ -73,7 +62,6 @@ __all__ = [
 
 logger = logging.getLogger("gpuprompt.server")
 
-_PARAM_RE = re.compile(r"^'([A-Za-z_][\w.\[\]]*)'")
 # Core checks run by the schemas name their argument '$'; the renderer puts the field's path there.
 _CHECK_NAME_RE = re.compile(r"'\$(?=['.\[ ])")
 _PARSE_ERROR = "There was an error parsing the body"  # FastAPI's detail for a body json.loads refused
@@ -116,9 +104,6 @@ class ApiError(Exception):
         self.headers = dict(headers or {})
 
 
-# Refusals a remote client maps back to their own class (gpuprompt.remote's error table).
-_CODES: dict[type, str] = {DimensionMismatchError: "dimension_mismatch", EmbedderMismatchError: "embedder_mismatch"}
-
 def _clean(text: str | None) -> str | None:
     # Messages quote the request (a field path may hold a JSON key with a lone surrogate): escape
     # what UTF-8 cannot encode, or rendering the error response would itself fail.
@@ -136,45 +121,20 @@ def error_body(message: str, type: str, param: str | None = None, code: str | No
     return {"error": {"message": _clean(message), "type": type, "param": _clean(param), "code": code}}
 
 
-def _param_of(message: str) -> str | None:
-    # Core messages start with the quoted name of the argument at fault: 'name' must be ...
-    match = _PARAM_RE.match(message)
-    return match.group(1) if match else None
-
-
 def _describe_error(exc: BaseException, retry_after_s: int) -> ApiError:
-    """Translate any exception into the ApiError to send."""
+    """Translate any exception into the ApiError to send (core errors by the wire's one table)."""
     if isinstance(exc, ApiError):
         return exc
-    if isinstance(exc, QueueFullError):
-        return ApiError(
-            429,
-            f"the server is busy: {exc}",
-            type="rate_limit_error",
-            code="queue_full",
-            headers={"Retry-After": str(retry_after_s)},
-        )
-    if isinstance(exc, (SessionStoreError, VectorStoreError)):
+    if not isinstance(exc, GPUPromptError):
+        logger.error("unexpected error while serving a request", exc_info=exc)
+        return ApiError(500, "internal server error; the server log has the details.", type="server_error")
+    wire = describe_error(exc)
+    if wire.status == 503 and wire.retry:
         logger.warning("a storage backend failed: %s", exc)
-        return ApiError(503, f"a storage backend is unavailable: {exc}", type="server_error",
-                        code=type(exc).__name__, headers={"Retry-After": str(retry_after_s)})
-    if isinstance(exc, (ClosedError, EngineDeadError)):
-        return ApiError(503, f"the model is not available: {exc}", type="server_error", code="unavailable")
-    if isinstance(exc, ContextLengthError):
-        return ApiError(400, str(exc), param="messages", code="context_length_exceeded")
-    if isinstance(exc, UnsupportedFeatureError):
-        return ApiError(400, str(exc), param=exc.field or _param_of(str(exc)), code="unsupported_parameter")
-    if isinstance(exc, FilterError):
-        return ApiError(400, str(exc), param="filter", code="invalid_filter")
-    if isinstance(exc, (InvalidInputError, ConfigurationError)):
-        message = str(exc)
-        code = _CODES.get(type(exc), "invalid_value")
-        return ApiError(400, message, param=_param_of(message), code=code)
-    if isinstance(exc, GPUPromptError):
+    elif wire.status == 500:
         logger.error("request failed: %r", exc)
-        return ApiError(500, f"the model failed: {exc}", type="server_error", code=type(exc).__name__)
-    logger.error("unexpected error while serving a request", exc_info=exc)
-    return ApiError(500, "internal server error; the server log has the details.", type="server_error")
+    return ApiError(wire.status, wire.message, type=wire.type, param=wire.param, code=wire.code,
+                    headers={"Retry-After": str(retry_after_s)} if wire.retry else None)
 
 
 def error_response(exc: BaseException, retry_after_s: int = 1) -> JSONResponse:
@@ -294,7 +254,7 @@ def validation_message(errors: Sequence[Mapping[str, Any]]) -> tuple[str, str | 
         elif error.get("type") == "value_error" and msg.startswith("'$"):
             # A core check's message: name the field where the check named its argument '$'.
             parts.append(_CHECK_NAME_RE.sub(lambda _, field=path: f"'{field}", msg))
-        elif error.get("type") == "value_error" and path == "body" and _param_of(msg):
+        elif error.get("type") == "value_error" and path == "body" and param_of(msg):
             parts.append(msg)  # a check across fields names its field itself: 'ids' must hold ...
         elif error.get("type") == "missing":
             parts.append(f"'{path}' is required (got nothing).")
@@ -308,7 +268,7 @@ def validation_message(errors: Sequence[Mapping[str, Any]]) -> tuple[str, str | 
             break
     param = _field_path(first.get("loc", ()))
     if param == "body" and first.get("type") == "value_error":
-        param = _param_of(str(first.get("msg", "")).removeprefix("Value error, ")) or param
+        param = param_of(str(first.get("msg", "")).removeprefix("Value error, ")) or param
     return " ".join(parts), param, False
 
 

@@ -24,8 +24,6 @@ metric. Upserts and deletes take :class:`~gpuprompt.server._collections.Collecti
 from __future__ import annotations
 
 import asyncio
-import base64
-import binascii
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import numpy as np
@@ -40,6 +38,14 @@ from gpuprompt.server._errors import ApiError
 from gpuprompt.server._http import all_or_none, json_response
 from gpuprompt.server._schemas import FilterObject, HitModel, Metadata, Text, _int, _number, _Strict
 from gpuprompt.validation import INT64_MAX
+from gpuprompt.wire import (
+    MAX_IDS_PER_REQUEST,
+    MAX_RECORD_ID_LENGTH,
+    MAX_RECORDS_PER_REQUEST,
+    MAX_SEARCHES_PER_REQUEST,
+    decode_vectors,
+    encode_vectors,
+)
 
 if TYPE_CHECKING:
     from gpuprompt.index import Hit, Record
@@ -65,14 +71,6 @@ __all__ = [
     "add_record_routes",
 ]
 
-MAX_RECORDS_PER_REQUEST = 2048
-"""Most records per upsert request (as ``/documents``); clients split bigger adds."""
-MAX_IDS_PER_REQUEST = 100_000
-"""Most ids per get or delete request; clients split more."""
-MAX_SEARCHES_PER_REQUEST = 1024
-"""Most searches (each one or more query vectors) per search request."""
-MAX_RECORD_ID_LENGTH = 4096
-"""Longest record id (Milvus's limit, so one id works with either index)."""
 _MAX_EMBEDDER_LENGTH = 512  # as the core's check_embedder_name
 _INLINE_BYTES = 1 << 20  # vectors decoded on the event loop up to this size; larger in a worker thread
 
@@ -269,25 +267,20 @@ def _matrix(value: Vectors, dim: int, name: str, rows: int | None = None) -> np.
         InvalidInputError: not base64, or not ``rows`` rows.
     """
     if isinstance(value, str):
-        try:
-            raw = base64.b64decode(value, validate=True)
-        except (binascii.Error, ValueError) as exc:
-            raise InvalidInputError(
-                f"'{name}' must be base64 of little-endian float32 values, or a list of lists of numbers "
-                f"(got a str that is not base64: {exc})."
-            ) from None
-        width = 4 * dim
-        wanted = len(raw) if rows is None else rows * width
-        if len(raw) != wanted or len(raw) % width:
-            got = len(raw) // 4 // rows if rows and len(raw) % (4 * rows) == 0 else None
+        flat = decode_vectors(value, name=name)
+        width = dim
+        wanted = flat.size if rows is None else rows * width
+        if flat.size != wanted or flat.size % width:
+            raw = flat  # counted in float32 values below
+            got = flat.size // rows if rows and flat.size % rows == 0 else None
             amount = f"{rows} vectors" if rows is not None else "vectors"
             raise DimensionMismatchError(
-                f"'{name}' must hold {amount} of dimension {dim}, the collection's, as float32 bytes (got {len(raw)} "
+                f"'{name}' must hold {amount} of dimension {dim}, the collection's, as float32 bytes (got {4 * raw.size} "
                 f"bytes{'' if got is None else f': dimension {got}'}); embed with the server's model (GET /v1/models).",
                 expected=dim,
                 got=got,
             )
-        return np.frombuffer(raw, dtype="<f4").astype(np.float32).reshape(-1, dim)
+        return flat.reshape(-1, dim)
     widths = sorted({len(row) for row in value})
     if widths and widths != [dim]:
         other = next(w for w in widths if w != dim)
@@ -314,9 +307,8 @@ def _hit(hit: Hit) -> HitModel:
 
 
 def _record(record: Record, encoding: str) -> RecordModel:
-    vector = record.vector.astype("<f4", copy=False)
     encoded: str | list[float] = (
-        base64.b64encode(vector.tobytes()).decode() if encoding == "base64" else vector.tolist()
+        encode_vectors(record.vector) if encoding == "base64" else record.vector.astype("<f4", copy=False).tolist()
     )
     return RecordModel(id=record.id, vector=encoded, document=record.document, metadata=dict(record.metadata))
 

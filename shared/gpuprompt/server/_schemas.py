@@ -37,6 +37,7 @@ from gpuprompt.validation import (
     check_number,
     check_text,
 )
+from gpuprompt.wire import MAX_DOCUMENTS_PER_REQUEST, MAX_EMBEDDING_INPUTS, MAX_TOKENS_LIMIT
 
 __all__ = [
     "AddDocumentsRequest",
@@ -57,14 +58,6 @@ __all__ = [
     "UsageModel",
 ]
 
-MAX_EMBEDDING_INPUTS = 2048
-"""Most inputs per embeddings request (OpenAI's limit)."""
-MAX_DOCUMENTS_PER_REQUEST = 2048
-"""Most documents per upsert request: one request is one unit of embedding work, and a larger
-one could never fit the embedder's queue (it would get 429 for ever). Split bigger loads."""
-MAX_TOKENS_LIMIT = 2**31 - 1
-"""The largest ``max_tokens`` accepted (int32: what every engine backend takes); the engine
-still caps generation by the room left in the context window."""
 MAX_NAME_LENGTH = 256
 """Longest session id or record id."""
 MAX_MODEL_NAME_LENGTH = 4096

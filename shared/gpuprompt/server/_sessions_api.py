@@ -35,6 +35,7 @@ from gpuprompt.context import MAX_SESSION_ID_LENGTH as _CACHE_KEY_LENGTH
 from gpuprompt.server._http import json_response
 from gpuprompt.server._schemas import Text, _int, _Strict
 from gpuprompt.validation import INT64_MAX, check_str
+from gpuprompt.wire import MAX_TURNS_PER_REQUEST
 
 if TYPE_CHECKING:
     from gpuprompt.context import Turn
@@ -58,8 +59,6 @@ SESSION_KEY_PREFIX = "@/"
 """The ContextCache key prefix of these routes' sessions (never the start of a collection's key)."""
 MAX_SESSION_ID_LENGTH = _CACHE_KEY_LENGTH - len(SESSION_KEY_PREFIX)
 """Longest session id here (1022): the cache's limit less the prefix."""
-MAX_TURNS_PER_REQUEST = 2048
-"""Most turns per append request (one embedding batch, as ``/v1/embeddings``); clients split more."""
 
 Count = _int(0, INT64_MAX)
 """A budget in turns or tokens (larger budgets mean the same as the whole session)."""

@@ -31,7 +31,7 @@ from gpuprompt.errors import (
 from gpuprompt.llm._backend import Backend
 from gpuprompt.llm._job import Job
 from gpuprompt.models import BUNDLED_CHAT_MODEL
-from gpuprompt.remote._errors import api_root, error_from_status, redact
+from gpuprompt.wire import api_root, error_from_status, guided_body, redact, sampling_body
 
 __all__ = ["RemoteBackend"]
 
@@ -178,8 +178,6 @@ class RemoteBackend(Backend):
         request = prepared.request
         body: dict[str, Any] = {
             "max_tokens": prepared.max_tokens,
-            "temperature": request.temperature,
-            "top_p": request.top_p,
             "stream": True,
             "stream_options": {"include_usage": True},
         }
@@ -192,30 +190,8 @@ class RemoteBackend(Backend):
             body["prompt"] = self._decode(prepared.token_ids)
         if job.backend_stops:  # a reply with tools: the job matches them in its prose instead
             body["stop"] = list(job.backend_stops)
-        if request.seed is not None:
-            body["seed"] = request.seed
-        if request.priority:
-            body["priority"] = request.priority
-        for name, default in (("top_k", 0), ("min_p", 0.0), ("presence_penalty", 0.0), ("frequency_penalty", 0.0),
-                              ("repetition_penalty", 1.0)):
-            value = getattr(request, name)
-            if value != default:
-                body[name] = value
-        if request.logit_bias:
-            body["logit_bias"] = {str(token): bias for token, bias in request.logit_bias.items()}
-        guided = prepared.guided
-        if guided is not None:
-            # vLLM 0.32 reads ``structured_outputs``; gpuprompt serve reads the older extra fields and
-            # ``response_format``. Each server ignores the other's fields. Compact JSON, as in process.
-            body["structured_outputs"] = {**guided, "disable_any_whitespace": True}
-            if "json" in guided:
-                body["guided_json"] = guided["json"]
-            elif "json_object" in guided:
-                body["response_format"] = {"type": "json_object"}
-            elif "regex" in guided:
-                body["guided_regex"] = guided["regex"]
-            elif "choice" in guided:
-                body["guided_choice"] = list(guided["choice"])
+        body.update(sampling_body(request))
+        body.update(guided_body(prepared.guided, structured_outputs=True))
         return body
 
     def _request_headers(self, job: Job) -> dict[str, str]:

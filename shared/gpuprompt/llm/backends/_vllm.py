@@ -19,6 +19,7 @@ import time
 import weakref
 from typing import Any, ClassVar
 
+from gpuprompt.bridge import LoopThread
 from gpuprompt.errors import (
     ClosedError,
     ConfigurationError,
@@ -88,7 +89,7 @@ class VLLMBackend(Backend):
         super().__init__(*args, **kwargs)
         self._llm: Any = None
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._thread: threading.Thread | None = None
+        self._loop_thread: LoopThread | None = None
         self._jobs: set[Job] = set()
         self._jobs_lock = threading.Lock()
         self._ids = itertools.count()
@@ -172,10 +173,8 @@ class VLLMBackend(Backend):
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", f"{self.config.kv_cache_space_gb:g}")
         args = self.engine_args()
 
-        loop = asyncio.new_event_loop()
-        thread = threading.Thread(target=_run_loop, args=(loop,), name="gpuprompt-vllm-loop", daemon=True)
-        thread.start()
-        self._loop, self._thread = loop, thread
+        self._loop_thread = LoopThread("gpuprompt-vllm-loop")
+        loop = self._loop = self._loop_thread.start()
 
         async def create() -> Any:
             # Built on the loop thread so vLLM's output handler runs on this loop. The engine core
@@ -198,17 +197,11 @@ class VLLMBackend(Backend):
         # stopped before the engine core goes, and a script that never closes its engine exits quietly.
         atexit.register(_close_at_exit, weakref.ref(self))
 
-    def _stop_loop(self) -> None:
-        loop, thread = self._loop, self._thread
-        if loop is not None and not loop.is_closed():
-            loop.call_soon_threadsafe(loop.stop)
-        if thread is not None and thread is not threading.current_thread():
-            thread.join(_CLOSE_TIMEOUT_S)
-        if loop is not None and not loop.is_running() and not loop.is_closed():
-            loop.close()
-        self._loop = self._thread = None
+    def _stop_loop(self, cleanup: Any = None) -> None:
+        if self._loop_thread is not None:
+            self._loop_thread.stop(cleanup, timeout=_CLOSE_TIMEOUT_S)
+        self._loop = self._loop_thread = None
 
-    # ------------------------------------------------------------------ requests
     def _sampling_params(self, job: Job) -> Any:
         request = job.prepared.request
         options: dict[str, Any] = {
@@ -236,16 +229,16 @@ class VLLMBackend(Backend):
             raise InvalidInputError(f"vLLM rejected request {job.request_id}: {exc}") from exc
 
     def submit(self, job: Job) -> None:
-        loop, llm = self._loop, self._llm
-        if self._closed or loop is None or llm is None:
+        thread, llm = self._loop_thread, self._llm
+        if self._closed or thread is None or llm is None:
             raise ClosedError("this vLLM engine was closed; create a new LLMEngine.")
         if llm.errored:
             raise EngineDeadError(f"the vLLM engine died ({llm.dead_error!r}); create a new LLMEngine.")
         params = self._sampling_params(job)
         with self._jobs_lock:
             self._jobs.add(job)
-        job.set_cancel_hook(lambda: _call_soon(loop, self._cancel, job))
-        if not _call_soon(loop, self._spawn, job, params):
+        job.set_cancel_hook(lambda: thread.call_soon(self._cancel, job))
+        if not thread.call_soon(self._spawn, job, params):
             with self._jobs_lock:
                 self._jobs.discard(job)
             raise ClosedError("this vLLM engine was closed; create a new LLMEngine.")
@@ -321,55 +314,19 @@ class VLLMBackend(Backend):
             jobs = list(self._jobs)
         for job in jobs:
             job.fail(ClosedError(f"the LLM engine was closed while request {job.request_id} was pending."))
+        cleanup = None
         if loop is not None and llm is not None:
 
-            async def shutdown() -> None:
-                for job in jobs:
-                    task = job.backend_state
-                    if task is not None and not task.done():
-                        task.cancel()
-                owned = [job.backend_state for job in jobs if job.backend_state is not None]
-                if owned:
-                    await asyncio.wait(owned, timeout=_CLOSE_TIMEOUT_S)
-                # vLLM stops the engine core before its output handler, which then logs the core's
-                # exit as a fatal error; stop the handler first so a clean close stays quiet.
-                handler = getattr(llm, "output_handler", None)
-                if handler is not None and not handler.done():
-                    handler.cancel()
-                    await asyncio.wait([handler], timeout=_CLOSE_TIMEOUT_S)
+            async def cleanup() -> None:
+                # The loop's tasks (every job's and vLLM's output handler) are cancelled and awaited
+                # first: vLLM stops the engine core before its output handler, which then logs the
+                # core's exit as a fatal error; with the handler stopped first a clean close stays quiet.
                 llm.shutdown()
 
-            try:
-                asyncio.run_coroutine_threadsafe(shutdown(), loop).result(_CLOSE_TIMEOUT_S * 2)
-            except Exception:  # closing must go on: the loop and the reference are dropped below
-                logger.exception("error while shutting vLLM down")
         # Drop the engine now, while the interpreter is intact: its __del__ calls shutdown() again,
         # which fails noisily when it only runs at interpreter exit.
+        self._stop_loop(cleanup)
         self._llm = None
-        self._stop_loop()
-
-
-def _run_loop(loop: asyncio.AbstractEventLoop) -> None:
-    asyncio.set_event_loop(loop)
-    try:
-        loop.run_forever()
-    finally:
-        try:
-            pending = [t for t in asyncio.all_tasks(loop) if not t.done()]
-            for task in pending:
-                task.cancel()
-            if pending:
-                loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
-        except Exception:  # best effort at teardown
-            pass
-
-
-def _call_soon(loop: asyncio.AbstractEventLoop, fn: Any, *args: Any) -> bool:
-    try:
-        loop.call_soon_threadsafe(fn, *args)
-        return True
-    except RuntimeError:  # the loop is closed
-        return False
 
 
 def _scheduled_at(out: Any, submitted_at: float) -> float | None:
