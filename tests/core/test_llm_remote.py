@@ -29,7 +29,7 @@ import pytest
 
 from gpuprompt.errors import ConfigurationError, EngineError, InvalidInputError, QueueFullError
 from gpuprompt.llm import GenerationRequest, LLMEngine
-from gpuprompt.llm.backends._openai_http import api_root, error_from_status, redact
+from gpuprompt.wire import api_root, error_from_status, redact
 
 HAS_VLLM = importlib.util.find_spec("vllm") is not None
 HAS_SERVER = importlib.util.find_spec("fastapi") is not None and importlib.util.find_spec("uvicorn") is not None

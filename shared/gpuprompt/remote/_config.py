@@ -12,12 +12,19 @@ from typing import Any
 
 from gpuprompt.errors import ConfigurationError, describe
 
-__all__ = ["ENV_API_KEY", "ENV_URL", "RemoteConfig", "resolve_remote"]
+__all__ = ["ENV_API_KEY", "ENV_TIMEOUT", "ENV_URL", "RemoteConfig", "resolve_remote"]
 
 ENV_URL = "GPUPROMPT_URL"
 """The environment variable naming the server of remote mode when ``base_url`` is not passed."""
 ENV_API_KEY = "GPUPROMPT_API_KEY"
 """The environment variable holding its API key when ``api_key`` is not passed."""
+ENV_TIMEOUT = "GPUPROMPT_TIMEOUT"
+"""The environment variable holding the timeout (seconds) of remote calls when ``timeout`` is not passed."""
+DEFAULT_READ_TIMEOUT_S = 60.0
+"""Most seconds between two pieces of an answer outside generation, by default."""
+DEFAULT_GENERATION_TIMEOUT_S = 600.0
+"""Most seconds between two pieces of a streamed generation, by default (a queued request may wait
+this long for its first token)."""
 
 _MAX_TIMEOUT_S = 7 * 24 * 3600.0
 
@@ -30,8 +37,12 @@ class RemoteConfig:
         base_url: ``http(s)://host:port`` or its ``/v1`` root (a path prefix before ``/v1`` is kept).
         api_key: sent as ``Authorization: Bearer ...`` (``gpuprompt serve --api-key``); None for none.
         connect_timeout: most seconds to open a connection (a refused one fails at once).
-        read_timeout: most seconds between two pieces of an answer (a queued request may wait
-            this long for its first token).
+        read_timeout: most seconds between two pieces of an answer outside generation (the model
+            list, embeddings, records, sessions, the cache): a server that accepts and never
+            answers fails the call with ``RequestTimeoutError`` after this long.
+        generation_timeout: most seconds between two pieces of a streamed generation (a queued
+            request may wait this long for its first token); None: ``read_timeout`` when that was
+            set to other than its default, else 600.
         max_retries: further attempts of an idempotent call (embeddings, GETs) after a refused
             connection, 429, 502, 503 or 504; generation is never retried here.
         backoff: seconds before the first retry, doubled for each further one (with jitter; a
@@ -45,7 +56,8 @@ class RemoteConfig:
     base_url: str
     api_key: str | None = field(default=None, repr=False)
     connect_timeout: float = 10.0
-    read_timeout: float = 600.0
+    read_timeout: float = DEFAULT_READ_TIMEOUT_S
+    generation_timeout: float | None = None
     max_retries: int = 2
     backoff: float = 0.25
     max_connections: int = 256
@@ -71,7 +83,10 @@ class RemoteConfig:
                 "'api_key' must be None or a non-empty str of visible ASCII characters (it travels in an HTTP "
                 f"header) (got a {type(key).__name__})."
             )
-        for name in ("connect_timeout", "read_timeout"):
+        if self.generation_timeout is None:
+            explicit = self.read_timeout != DEFAULT_READ_TIMEOUT_S
+            object.__setattr__(self, "generation_timeout", self.read_timeout if explicit else DEFAULT_GENERATION_TIMEOUT_S)
+        for name in ("connect_timeout", "read_timeout", "generation_timeout"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) \
                     or (isinstance(value, float) and not math.isfinite(value)) or not 0 < value <= _MAX_TIMEOUT_S:
@@ -91,6 +106,7 @@ class RemoteConfig:
     def __repr__(self) -> str:
         return (f"RemoteConfig(base_url={self.shown_url!r}, api_key={'***' if self.api_key else None}, "
                 f"connect_timeout={self.connect_timeout:g}, read_timeout={self.read_timeout:g}, "
+                f"generation_timeout={self.generation_timeout:g}, "
                 f"max_retries={self.max_retries})")
 
     @property

@@ -295,7 +295,7 @@ class RemoteLLM:
         reader = _Reader(time.monotonic())
         self._count(requests=1, in_flight=1)
         try:
-            async for event in self.client._events(path, body, headers):
+            async for event in self.client.events(path, body, headers, read_timeout=self.client.generation_timeout):
                 _feed(reader, event, self.client.root)
             reader.last(redact(self.client.root))
             result = reader.result(self._served or self.model or "", request_id, self.client.root)
@@ -385,7 +385,8 @@ class RemoteLLM:
         reader = _Reader(time.monotonic())
         self._count(requests=1, in_flight=1)
         error: BaseException | None = None
-        events = self.client.astream(path, body, headers, deadline=deadline)
+        events = self.client.astream(path, body, headers, deadline=deadline,
+                                    read_timeout=self.client.generation_timeout)
         try:
             async for event in events:
                 for delta in _feed(reader, event, self.client.root):
@@ -410,7 +411,8 @@ class RemoteLLM:
         deadline = _deadline(timeout)
         path, body, headers = self._prepare(request)
         self.load()
-        events = self.client.stream(path, body, headers, deadline=deadline)
+        events = self.client.stream(path, body, headers, deadline=deadline,
+                                   read_timeout=self.client.generation_timeout)
         return self._iterate(events, timeout)
 
     def _iterate(self, events: Iterator[dict[str, Any]], timeout: float | None) -> Iterator[StreamDelta]:

@@ -6,23 +6,24 @@ sends the prepared prompt to ``POST /v1/completions`` and streams the reply back
 events. A vLLM server gets the prompt as token ids, so its token counts are exactly ours;
 ``gpuprompt serve`` (which refuses token-id prompts) gets the same tokens as text.
 
-Requests run on one private event-loop thread with one pooled ``httpx.AsyncClient``. Cancelling a
-job closes its stream, which aborts the request on the server. HTTP errors become the engine's
-typed errors; nothing is retried here (the engine's ``CallPolicy`` decides).
+Requests run on the loop thread of one pooled :class:`~gpuprompt._http.HttpClient` (the HTTP client
+remote mode uses too). Cancelling a job closes its stream, which aborts the request on the
+server. HTTP errors become the engine's typed errors (:mod:`gpuprompt.wire`); nothing is retried
+here (the engine's ``CallPolicy`` decides).
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import threading
 from typing import Any, ClassVar
 
+from gpuprompt._http import HttpClient
 from gpuprompt.errors import (
     ClosedError,
+    EngineDeadError,
     ConfigurationError,
-    DependencyError,
     EngineError,
     InvalidInputError,
     QueueFullError,
@@ -31,7 +32,7 @@ from gpuprompt.errors import (
 from gpuprompt.llm._backend import Backend
 from gpuprompt.llm._job import Job
 from gpuprompt.models import BUNDLED_CHAT_MODEL
-from gpuprompt.wire import api_root, error_from_status, guided_body, redact, sampling_body
+from gpuprompt.wire import COMPLETIONS, MODELS, api_root, guided_body, redact, sampling_body
 
 __all__ = ["RemoteBackend"]
 
@@ -44,7 +45,6 @@ READ_TIMEOUT_S = 600.0
 PROBE_TIMEOUT_S = 30.0
 """Most seconds for the start-up ``GET /v1/models``."""
 MAX_CONNECTIONS = 1024
-_CLOSE_TIMEOUT_S = 30.0
 _FINISH_REASONS = {"stop": "stop", "length": "length", "abort": "abort", "eos": "stop"}
 
 
@@ -66,10 +66,7 @@ class RemoteBackend(Backend):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.root = api_root(self.config.base_url or "")
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._thread: threading.Thread | None = None
-        self._client: Any = None
-        self._httpx: Any = None
+        self._http: HttpClient | None = None
         self._jobs: set[Job] = set()
         self._jobs_lock = threading.Lock()
         self._closed = False
@@ -93,53 +90,36 @@ class RemoteBackend(Backend):
         return capabilities
 
     # ------------------------------------------------------------------ start
-    def _headers(self) -> dict[str, str]:
-        headers = {"Accept": "application/json"}
-        if self.config.api_key:
-            headers["Authorization"] = f"Bearer {self.config.api_key}"
-        return headers
-
     def start(self) -> None:
+        self._http = HttpClient(self.root, api_key=self.config.api_key, connect_timeout=CONNECT_TIMEOUT_S,
+                                read_timeout=READ_TIMEOUT_S, max_connections=MAX_CONNECTIONS,
+                                service="the LLM server", name="gpuprompt-remote-llm")
         try:
-            import httpx
-        except ImportError as exc:
-            raise DependencyError("backend='remote' needs httpx: pip install httpx") from exc
-        self._httpx = httpx
-        models = self._probe(httpx)
-        self._choose_model(models)
-        if not self.token_id_prompts:
-            self._decode([])  # load the tokenizer now, not on the first request
-        loop = asyncio.new_event_loop()
-        thread = threading.Thread(target=_run_loop, args=(loop,), name="gpuprompt-remote-llm", daemon=True)
-        thread.start()
-        self._loop, self._thread = loop, thread
-
-        async def make_client() -> Any:
-            return httpx.AsyncClient(
-                headers=self._headers(),
-                timeout=httpx.Timeout(CONNECT_TIMEOUT_S, read=READ_TIMEOUT_S, pool=None),
-                limits=httpx.Limits(max_connections=MAX_CONNECTIONS, max_keepalive_connections=64),
-            )
-
-        self._client = asyncio.run_coroutine_threadsafe(make_client(), loop).result(_CLOSE_TIMEOUT_S)
+            models = self._probe(self._http)
+            self._choose_model(models)
+            if not self.token_id_prompts:
+                self._decode([])  # load the tokenizer now, not on the first request
+            self._http.loop_thread.start()
+            _ = self._http.aclient  # the pool, on the loop thread
+        except BaseException:
+            self._http.close()
+            self._http = None
+            raise
         logger.info("remote LLM backend at %s (%s server, model %r)", redact(self.root), self.server_kind, self.served_model)
 
-    def _probe(self, httpx: Any) -> list[dict[str, Any]]:
+    def _probe(self, http: HttpClient) -> list[dict[str, Any]]:
         """``GET /v1/models``: the server is up, speaks the API, and serves which models."""
-        url = f"{self.root}/models"
+        url = http.url(MODELS)
         try:
-            reply = httpx.get(url, headers=self._headers(), timeout=httpx.Timeout(PROBE_TIMEOUT_S,
-                                                                                  connect=CONNECT_TIMEOUT_S))
-        except httpx.HTTPError as exc:
+            answer = http.request("GET", MODELS, timeout=PROBE_TIMEOUT_S)
+        except (EngineDeadError, RequestTimeoutError) as exc:
             raise EngineError(
-                f"could not reach the LLM server at {redact(url)} ({type(exc).__name__}); start it or fix base_url."
+                f"could not reach the LLM server at {redact(url)} ({exc}); start it or fix base_url."
             ) from exc
-        if reply.status_code != 200:
-            raise error_from_status(reply.status_code, reply.content, reply.headers, url)
         try:
-            data = reply.json()["data"]
+            data = answer["data"]
             return [card for card in data if isinstance(card, dict) and isinstance(card.get("id"), str)]
-        except (ValueError, KeyError, TypeError) as exc:
+        except (KeyError, TypeError) as exc:
             raise EngineError(f"{redact(url)} did not answer an OpenAI model list; is base_url an OpenAI-compatible API?") \
                 from exc
 
@@ -200,14 +180,15 @@ class RemoteBackend(Backend):
         return {header: session} if header and session else {}
 
     def submit(self, job: Job) -> None:
-        loop = self._loop
-        if self._closed or loop is None or self._client is None:
+        http = self._http
+        if self._closed or http is None:
             raise ClosedError("this remote LLM engine was closed; create a new LLMEngine.")
         body = self.body(job)
+        thread = http.loop_thread
         with self._jobs_lock:
             self._jobs.add(job)
-        job.set_cancel_hook(lambda: _call_soon(loop, self._cancel, job))
-        if not _call_soon(loop, self._spawn, job, body):
+        job.set_cancel_hook(lambda: thread.call_soon(self._cancel, job))
+        if not thread.call_soon(self._spawn, job, body):
             with self._jobs_lock:
                 self._jobs.discard(job)
             raise ClosedError("this remote LLM engine was closed; create a new LLMEngine.")
@@ -244,28 +225,14 @@ class RemoteBackend(Backend):
             return self._tokenizer.decode(token_ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
 
     async def _run(self, job: Job, body: dict[str, Any]) -> None:
-        httpx = self._httpx
-        url = f"{self.root}/completions"
+        assert self._http is not None
         tokens = cached = 0
         reason = "length"
         ended = False  # [DONE] or a finish_reason arrived: the reply is whole
+        events = self._http.events(COMPLETIONS, body, self._request_headers(job), on_open=job.mark_started)
         try:
-            async with self._client.stream("POST", url, json=body, headers=self._request_headers(job)) as reply:
-                if reply.status_code != 200:
-                    raise error_from_status(reply.status_code, await reply.aread(), reply.headers, self.root)
-                job.mark_started()
-                async for line in reply.aiter_lines():
-                    if not line.startswith("data:"):
-                        continue
-                    data = line[5:].strip()
-                    if data == "[DONE]":
-                        ended = True
-                        break
-                    chunk = json.loads(data)
-                    if "error" in chunk and not chunk.get("choices"):
-                        error = chunk["error"]
-                        status = error.get("code") if isinstance(error, dict) else None
-                        raise error_from_status(status if isinstance(status, int) else 500, chunk, None, self.root)
+            try:
+                async for chunk in events:
                     for choice in chunk.get("choices") or ():
                         text = choice.get("text") or ""
                         if text:
@@ -279,6 +246,9 @@ class RemoteBackend(Backend):
                         tokens = int(usage.get("completion_tokens") or 0)
                         details = usage.get("prompt_tokens_details") or {}
                         cached = int(details.get("cached_tokens") or 0) if isinstance(details, dict) else 0
+            except EngineError as exc:
+                if "without [DONE]" not in str(exc):
+                    raise  # else judged below: a finish_reason without [DONE] is a whole reply
             if not ended:
                 raise EngineError(
                     f"the LLM server at {redact(self.root)} ended request {job.request_id}'s stream before it "
@@ -286,20 +256,18 @@ class RemoteBackend(Backend):
                 )
             job.finish(reason, tokens, cached)
         except asyncio.CancelledError:
-            # Leaving the ``async with`` closed the connection: the server aborts the request.
+            # Closing the event stream closed the connection: the server aborts the request.
             job.finish("abort", tokens, cached)
-        except (QueueFullError, InvalidInputError, EngineError, ConfigurationError, RequestTimeoutError) as exc:
-            job.fail(exc)
-        except httpx.TimeoutException as exc:
+        except RequestTimeoutError as exc:
             job.fail(EngineError(f"the LLM server at {redact(self.root)} did not answer request {job.request_id} "
-                                 f"in time ({type(exc).__name__})."))
-        except httpx.HTTPError as exc:
-            job.fail(EngineError(f"the LLM server at {redact(self.root)} failed on request {job.request_id}: "
-                                 f"{type(exc).__name__}: {exc}"))
+                                 f"in time ({exc})."))
+        except (QueueFullError, InvalidInputError, EngineError, ConfigurationError) as exc:
+            job.fail(exc)
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             job.fail(EngineError(f"the LLM server at {redact(self.root)} sent a malformed stream for "
                                  f"{job.request_id}: {exc!r}"))
         finally:
+            await events.aclose()
             with self._jobs_lock:
                 self._jobs.discard(job)
 
@@ -308,43 +276,10 @@ class RemoteBackend(Backend):
         if self._closed:
             return
         self._closed = True
-        loop, client = self._loop, self._client
         with self._jobs_lock:
             jobs = list(self._jobs)
         for job in jobs:
             job.fail(ClosedError(f"the LLM engine was closed while request {job.request_id} was pending."))
-        if loop is not None and not loop.is_closed():
-
-            async def shutdown() -> None:
-                tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
-                for task in tasks:
-                    task.cancel()
-                if tasks:
-                    await asyncio.wait(tasks, timeout=_CLOSE_TIMEOUT_S)
-                if client is not None:
-                    await client.aclose()
-
-            try:
-                asyncio.run_coroutine_threadsafe(shutdown(), loop).result(_CLOSE_TIMEOUT_S * 2)
-            except Exception:  # closing must go on
-                logger.exception("error while closing the remote LLM client")
-            loop.call_soon_threadsafe(loop.stop)
-            if self._thread is not None and self._thread is not threading.current_thread():
-                self._thread.join(_CLOSE_TIMEOUT_S)
-            if not loop.is_running():
-                loop.close()
-        self._client = None
-        self._loop = self._thread = None
-
-
-def _call_soon(loop: asyncio.AbstractEventLoop, fn: Any, *args: Any) -> bool:
-    try:
-        loop.call_soon_threadsafe(fn, *args)
-        return True
-    except RuntimeError:  # the loop is closed
-        return False
-
-
-def _run_loop(loop: asyncio.AbstractEventLoop) -> None:
-    asyncio.set_event_loop(loop)
-    loop.run_forever()
+        http, self._http = self._http, None
+        if http is not None:
+            http.close()  # cancels the jobs' tasks on its loop, closes the pool, stops the loop
