@@ -3,8 +3,8 @@
 The core :class:`~gpuprompt.AnswerCache` does the work (exact key first, then one device similarity
 search within the namespace; LRU and TTL bounds); this adapter maps ``llm_string`` to its namespace
 and LangChain's chat-prompt JSON to the text that is compared. With ``base_url`` (or ``GPUPROMPT_URL``)
-the answers live in a running ``gpuprompt serve``, through :class:`gpuprompt.remote.RemoteAnswerCache`,
-shared by every worker; generations then travel as JSON (:func:`_to_json` / :func:`_from_json`).
+the answers live in a running ``gpuprompt serve`` (the runtime of :func:`gpuprompt.connect` hands out its
+:class:`gpuprompt.remote.RemoteAnswerCache`), shared by every worker; generations then travel as JSON (:func:`_to_json` / :func:`_from_json`).
 """
 
 from __future__ import annotations
@@ -17,8 +17,7 @@ from typing import TYPE_CHECKING, Any
 from gpuprompt.answer_cache import DEFAULT_MAX_ENTRIES, DEFAULT_TTL_SECONDS, AnswerCache
 from gpuprompt.device import check_device
 from gpuprompt.errors import EngineError, InputTypeError, describe
-from gpuprompt.remote._answer_cache import RemoteAnswerCache
-from gpuprompt.remote._config import resolve_remote
+from gpuprompt.runtime import connect
 from gpuprompt.validation import check_str, fail
 from langchain_core.caches import RETURN_VAL_TYPE, BaseCache
 from langchain_core.embeddings import Embeddings
@@ -30,6 +29,8 @@ from langchain_gpuprompt._embeddings import GPUPromptEmbeddings
 if TYPE_CHECKING:
     import torch
     from pydantic import SecretStr
+
+    from gpuprompt.remote import RemoteAnswerCache
 
 __all__ = ["GPUPromptSemanticCache"]
 
@@ -82,6 +83,8 @@ class GPUPromptSemanticCache(BaseCache):
             ``GPUPROMPT_URL`` unless an ``embedding`` is given, and without it the answers stay in
             this process. Not with ``embedding``, ``max_entries``, ``ttl_seconds`` or ``device``.
         api_key: that server's API key; None reads ``GPUPROMPT_API_KEY`` with ``GPUPROMPT_URL``.
+        timeout: remote mode: seconds a request to the server may wait for an answer (None reads
+            ``GPUPROMPT_TIMEOUT``, else 60); a silent server raises ``RequestTimeoutError``.
 
     Raises:
         ConfigurationError: an option of the wrong type or range, an in-process option together
@@ -99,12 +102,15 @@ class GPUPromptSemanticCache(BaseCache):
         device: str = "auto",
         base_url: str | None = None,
         api_key: str | SecretStr | None = None,
+        timeout: float | None = None,
     ) -> None:
         self._remote: RemoteAnswerCache | None = None
+        self._timeout = timeout
         if embedding is None or base_url is not None or api_key is not None:  # a given embedding means in process
-            remote = resolve_remote(
+            runtime = connect(
                 base_url,
-                api_key,
+                api_key=api_key,
+                timeout=timeout,
                 owner="GPUPromptSemanticCache",
                 local_options={
                     "embedding": (embedding, None),
@@ -113,8 +119,8 @@ class GPUPromptSemanticCache(BaseCache):
                     "device": (device, "auto"),
                 },
             )
-            if remote is not None:
-                self._remote = RemoteAnswerCache(remote, score_threshold=score_threshold)
+            if runtime.remote:
+                self._remote = runtime.answer_cache(score_threshold=score_threshold)
                 self._embedding = None  # the server's, built on demand by `embeddings`
                 return
         check_device(device)
@@ -125,7 +131,7 @@ class GPUPromptSemanticCache(BaseCache):
             )
         self._embedding = embedding
         if embedding is None:
-            embedder: Any = None  # the runtime's shared embedder, resolved on first use
+            embedder: Any = connect().embedder()  # the process's shared embedder (not loaded yet)
         elif isinstance(embedding, GPUPromptEmbeddings):
             embedder = embedding.embedder  # the runtime's shared one for its settings (not loaded yet)
         else:
@@ -164,7 +170,8 @@ class GPUPromptSemanticCache(BaseCache):
         if self._embedding is None:
             if self._remote is not None:
                 config = self._remote.client.config
-                self._embedding = GPUPromptEmbeddings(base_url=config.base_url, api_key=config.api_key)
+                self._embedding = GPUPromptEmbeddings(base_url=config.base_url, api_key=config.api_key,
+                                                      timeout=self._timeout)
             else:
                 self._embedding = GPUPromptEmbeddings()
         return self._embedding
@@ -250,10 +257,11 @@ class _EmbeddingsOnDevice:
 
     def _tensor(self, rows: Any) -> torch.Tensor:
         import torch
-        from gpuprompt.runtime import get_runtime
+
+        from gpuprompt.device import resolve_device
         from gpuprompt.validation import check_real_matrix
 
-        return torch.from_numpy(check_real_matrix(rows, "embeddings")).to(get_runtime().resolve(self._device))
+        return torch.from_numpy(check_real_matrix(rows, "embeddings")).to(resolve_device(self._device))
 
     def embed_tensor(self, texts: list[str]) -> torch.Tensor:
         return self._tensor(self._embeddings.embed_documents(texts))

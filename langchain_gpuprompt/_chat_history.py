@@ -3,8 +3,9 @@
 Each message is embedded once, when added; ``relevant_messages`` then picks a session's past
 messages most similar to a query with one product on the device, never re-encoding history.
 Messages become turns exactly as :class:`ChatGPUPrompt` sends them to the engine (one translation).
-With ``base_url`` (or ``GPUPROMPT_URL``) the turns live in a running ``gpuprompt serve``, through
-:class:`gpuprompt.remote.RemoteContextCache`, instead of the runtime's ContextCache.
+The class gets its runtime once (:func:`gpuprompt.connect`): with ``base_url`` (or ``GPUPROMPT_URL``)
+the turns live in a running ``gpuprompt serve`` (a ``RemoteContextCache``), else in the process's
+shared ContextCache; it then only delegates (:class:`gpuprompt.protocols.ContextLike`).
 """
 
 from __future__ import annotations
@@ -13,8 +14,8 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from gpuprompt.errors import ConfigurationError, InputTypeError, describe
-from gpuprompt.remote._config import resolve_remote
-from gpuprompt.remote._sessions import RemoteContextCache
+from gpuprompt.protocols import ContextLike
+from gpuprompt.runtime import connect
 from gpuprompt.validation import INT64_MAX, check_int, check_str
 from langchain_core.chat_history import BaseChatMessageHistory
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, SystemMessage
@@ -91,10 +92,12 @@ class GPUPromptChatMessageHistory(BaseChatMessageHistory):
         context_cache: the cache to store turns in (default: the runtime's shared one,
             ``get_runtime().context_cache()``, so every history object -- and the LlamaIndex memory
             block -- for the same session id reads the same turns in this process); a
-            :class:`gpuprompt.remote.RemoteContextCache` works too.
+            :class:`gpuprompt.remote.RemoteContextCache` (any :class:`gpuprompt.protocols.ContextLike`) works too.
         base_url: a running ``gpuprompt serve`` to keep the turns in (remote mode); None reads
             ``GPUPROMPT_URL``, and without it the turns stay in this process. Not with ``context_cache``.
         api_key: that server's API key; None reads ``GPUPROMPT_API_KEY`` with ``GPUPROMPT_URL``.
+        timeout: remote mode: seconds a request to the server may wait for an answer (None reads
+            ``GPUPROMPT_TIMEOUT``, else 60); a silent server raises ``RequestTimeoutError``.
 
     Raises:
         InputTypeError: ``session_id`` or ``context_cache`` has the wrong type.
@@ -107,15 +110,17 @@ class GPUPromptChatMessageHistory(BaseChatMessageHistory):
         self,
         session_id: str,
         *,
-        context_cache: ContextCache | RemoteContextCache | None = None,
+        context_cache: ContextLike | None = None,
         base_url: str | None = None,
         api_key: str | SecretStr | None = None,
+        timeout: float | None = None,
     ) -> None:
-        from gpuprompt.context import ContextCache, check_session_id
+        from gpuprompt.context import check_session_id
 
         check_session_id(session_id)  # the cache's own rule: an id accepted here never fails there
+        self._remote_url: str | None = None
         if context_cache is not None:
-            if not isinstance(context_cache, (ContextCache, RemoteContextCache)):
+            if not isinstance(context_cache, ContextLike):
                 raise InputTypeError(
                     f"'context_cache' must be a gpuprompt.ContextCache, a gpuprompt.remote.RemoteContextCache or "
                     f"None (got {describe(context_cache)})."
@@ -126,28 +131,26 @@ class GPUPromptChatMessageHistory(BaseChatMessageHistory):
                     "context_cache to keep turns in it, or base_url (and api_key) to keep them in a gpuprompt serve."
                 )
         else:
-            remote = resolve_remote(base_url, api_key, owner="GPUPromptChatMessageHistory")
-            if remote is not None:
-                context_cache = RemoteContextCache(remote)
-        if isinstance(context_cache, RemoteContextCache):
-            context_cache.check_session_id(session_id)  # the server's rule (its keys are "@/<id>")
+            runtime = connect(base_url, api_key=api_key, timeout=timeout, owner="GPUPromptChatMessageHistory")
+            context_cache = runtime.context_cache()  # the process's shared cache, or the server's memory
+            if runtime.remote:
+                self._remote_url = runtime.config.shown_url
+        client = getattr(context_cache, "client", None)
+        if self._remote_url is None and client is not None:
+            self._remote_url = client.config.shown_url
+        context_cache.check_session_id(session_id)  # the cache's rule (a server's keys are "@/<id>")
         self.session_id = session_id
         self._cache = context_cache
 
     def __repr__(self) -> str:
-        if isinstance(self._cache, RemoteContextCache):
-            return (f"GPUPromptChatMessageHistory(session_id={self.session_id!r}, "
-                    f"base_url={self._cache.client.config.shown_url!r})")
+        if self._remote_url is not None:
+            return f"GPUPromptChatMessageHistory(session_id={self.session_id!r}, base_url={self._remote_url!r})"
         return f"GPUPromptChatMessageHistory(session_id={self.session_id!r})"
 
     @property
-    def context_cache(self) -> ContextCache | RemoteContextCache:
-        """The ContextCache holding this session's turns (in remote mode, the server's, through a
+    def context_cache(self) -> ContextLike:
+        """The ContextCache holding this session's turns (in remote mode the server's, through a
         :class:`gpuprompt.remote.RemoteContextCache`)."""
-        if self._cache is None:
-            from gpuprompt.runtime import get_runtime
-
-            self._cache = get_runtime().context_cache()
         return self._cache
 
     # ------------------------------------------------------------------ reads
@@ -158,10 +161,7 @@ class GPUPromptChatMessageHistory(BaseChatMessageHistory):
 
     async def aget_messages(self) -> list[BaseMessage]:
         """Async :attr:`messages` (a read of in-memory turns: no model runs)."""
-        cache = self.context_cache
-        if isinstance(cache, RemoteContextCache):  # a request: never block the caller's loop
-            return _to_messages(await cache.aturns(self.session_id))
-        return self.messages
+        return _to_messages(await self.context_cache.aturns(self.session_id))
 
     def relevant_messages(self, query: str, k: int = 4) -> list[BaseMessage]:
         """The ``k`` past messages most similar to ``query``, in chronological order.
@@ -220,11 +220,7 @@ class GPUPromptChatMessageHistory(BaseChatMessageHistory):
 
     async def aclear(self) -> None:
         """Async :meth:`clear`."""
-        cache = self.context_cache
-        if isinstance(cache, RemoteContextCache):
-            await cache.aclear(self.session_id)
-        else:
-            self.clear()
+        await self.context_cache.aclear(self.session_id)
 
 
 def _check_query(query: Any, k: Any) -> None:

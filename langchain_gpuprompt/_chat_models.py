@@ -3,9 +3,9 @@
 The adapter converts LangChain messages, tools and tool choices to engine requests and engine
 results to LangChain messages (:mod:`langchain_gpuprompt._chat_convert`); batching, streaming,
 stop strings, cancellation, the tool prompt format, the tool-call parser and guided decoding all
-live in the core. With ``base_url`` (or ``GPUPROMPT_URL``) the core object is a
-:class:`gpuprompt.remote.RemoteLLM` talking to a running ``gpuprompt serve`` instead of the
-runtime's engine; nothing else changes here.
+live in the core. The class gets its runtime once (:func:`gpuprompt.connect`): with ``base_url``
+(or ``GPUPROMPT_URL``) the engine is a running ``gpuprompt serve``'s (a ``RemoteLLM``), else the
+process's shared one; nothing else changes here.
 """
 
 from __future__ import annotations
@@ -16,9 +16,10 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from gpuprompt.bridge import run_sync
 from gpuprompt.errors import ConfigurationError, InvalidInputError, describe
-from gpuprompt.llm._policy import check_call_policy
+from gpuprompt.llm import check_call_policy
 from gpuprompt.models import BUNDLED_CHAT_MODEL
-from gpuprompt.remote._config import ENV_API_KEY, resolve_remote
+from gpuprompt.remote import ENV_API_KEY
+from gpuprompt.runtime import connect
 from gpuprompt.wire import redact
 from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
 from langchain_core.language_models import BaseChatModel, LanguageModelInput, ModelProfile
@@ -44,8 +45,10 @@ from langchain_gpuprompt._chat_convert import (
 )
 
 if TYPE_CHECKING:
-    from gpuprompt.llm import GenerationRequest, LLMEngine
-    from gpuprompt.remote import RemoteConfig, RemoteLLM
+    from gpuprompt.llm import GenerationRequest
+    from gpuprompt.protocols import EngineLike
+    from gpuprompt.remote import RemoteRuntime
+    from gpuprompt.runtime import Runtime
 
 __all__ = ["ChatGPUPrompt"]
 
@@ -162,7 +165,9 @@ class ChatGPUPrompt(BaseChatModel):
     seed: int | None = None
     """Sampling seed for reproducible sampled replies."""
     timeout: float | None = None
-    """Seconds a request may take before it is aborted in the engine and TimeoutError raised."""
+    """Seconds a request may take before it is aborted in the engine and TimeoutError raised; in
+    remote mode also the most seconds any request to the server waits for an answer (the model-list
+    probe included; None reads ``GPUPROMPT_TIMEOUT``)."""
     max_retries: int = 2
     """Retries after a transient engine failure (a full queue or a failed batch), not bad input."""
     streaming: bool = False
@@ -179,28 +184,30 @@ class ChatGPUPrompt(BaseChatModel):
 
     model_config = ConfigDict(extra="forbid", protected_namespaces=())
 
-    _engine_cache: LLMEngine | RemoteLLM | None = PrivateAttr(default=None)
-    _remote: RemoteConfig | None = PrivateAttr(default=None)
+    _engine_cache: EngineLike | None = PrivateAttr(default=None)
+    _runtime: Runtime | RemoteRuntime | None = PrivateAttr(default=None)
 
     def __init__(self, **data: Any) -> None:
         super().__init__(**data)
         # Pure-Python checks (nothing loads): bad settings fail here with the core's typed error,
         # not inside a pydantic validator that would rewrap them.
-        self._remote = resolve_remote(
+        check_call_policy(self.timeout, self.max_retries)
+        self._runtime = connect(
             self.base_url,
-            self.api_key,
+            api_key=self.api_key,
+            timeout=self.timeout,
             owner="ChatGPUPrompt",
             local_options={"backend": (self.backend, "auto"), "device": (self.device, "auto"),
                            "engine_kwargs": (self.engine_kwargs, {}), "truncate": (self.truncate, "error")},
         )
-        if self._remote is None:
-            self._config()
+        if self._runtime.remote:
+            config = self._runtime.config
+            self.base_url = config.base_url
+            if config.api_key is not None:
+                self.api_key = SecretStr(config.api_key)
         else:
-            self.base_url = self._remote.base_url
-            if self._remote.api_key is not None:
-                self.api_key = SecretStr(self._remote.api_key)
+            self._config()
         self._request([{"role": "user", "content": ""}], None, {})  # checks the sampling settings
-        check_call_policy(self.timeout, self.max_retries)
 
     @property
     def lc_secrets(self) -> dict[str, str]:
@@ -225,21 +232,18 @@ class ChatGPUPrompt(BaseChatModel):
             **self.engine_kwargs,
         )
 
-    def _shared_engine(self, model: str | None | Literal["__self__"]) -> LLMEngine | RemoteLLM:
-        """The runtime's engine for these settings, or in remote mode the process's client of the
-        server (looked up, not started)."""
-        if self._remote is not None:
-            from gpuprompt.remote import shared_llm
-
-            return shared_llm(self._remote, self.model if model == "__self__" else model,
-                              context_window=self.max_model_len)
-        from gpuprompt.runtime import get_runtime
-
+    def _shared_engine(self, model: str | None | Literal["__self__"]) -> EngineLike:
+        """The runtime's engine for these settings: the process's shared engine, or in remote mode
+        the process's client of the server (looked up, not started)."""
+        assert self._runtime is not None
+        name = self.model if model == "__self__" else model
+        if self._runtime.remote:
+            return self._runtime.llm(name, max_model_len=self.max_model_len)
         config = self._config(model)
-        options = {name: getattr(config, name) for name in config.option_names()}
-        return get_runtime().llm(config.model, **options)
+        options = {option: getattr(config, option) for option in config.option_names()}
+        return self._runtime.llm(config.model, **options)
 
-    def _get_engine(self, model: str | None | Literal["__self__"] = "__self__") -> LLMEngine | RemoteLLM:
+    def _get_engine(self, model: str | None | Literal["__self__"] = "__self__") -> EngineLike:
         if model == "__self__" and self._engine_cache is not None:
             return self._engine_cache
         engine = self._shared_engine(model).load()
@@ -248,12 +252,12 @@ class ChatGPUPrompt(BaseChatModel):
         return engine
 
     @property
-    def engine(self) -> LLMEngine | RemoteLLM:
+    def engine(self) -> EngineLike:
         """The shared core engine for these settings (started on first access); in remote mode a
         :class:`gpuprompt.remote.RemoteLLM` with the same interface."""
         return self._get_engine()
 
-    async def _aget_engine(self, model: str | None | Literal["__self__"]) -> LLMEngine | RemoteLLM:
+    async def _aget_engine(self, model: str | None | Literal["__self__"]) -> EngineLike:
         if model == "__self__" and self._engine_cache is not None:
             return self._engine_cache
         # Starting an engine loads a model (and may spawn vLLM): never on the event loop.
@@ -310,8 +314,8 @@ class ChatGPUPrompt(BaseChatModel):
             "seed": self.seed,
             "truncate": self.truncate,
         }
-        if self._remote is not None:  # another server is another model instance (cache keys, tracing)
-            params.update(backend="remote", base_url=redact(self._remote.base_url))
+        if self._runtime is not None and self._runtime.remote:  # another server is another model instance
+            params.update(backend="remote", base_url=redact(self._runtime.config.base_url))
         return params
 
     def _get_ls_params(self, stop: list[str] | None = None, **kwargs: Any) -> LangSmithParams:
@@ -493,7 +497,7 @@ class ChatGPUPrompt(BaseChatModel):
         Raises:
             InvalidInputError: a bad tool, or ``tool_choice`` names no bound tool / has the wrong type.
         """
-        from gpuprompt.llm._tools import ToolSpec, check_tool_choice
+        from gpuprompt.llm import ToolSpec, check_tool_choice
 
         formatted = [convert_to_openai_tool(tool, strict=strict) for tool in tools]
         choice = core_tool_choice(tool_choice)

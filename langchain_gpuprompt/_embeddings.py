@@ -3,9 +3,9 @@
 The adapter only converts types: the core Embedder does the batching across concurrent calls,
 the de-duplication and the device cache. ``HuggingFaceEmbeddings``' own arguments
 (``model_name``, ``model_kwargs``, ``encode_kwargs``, ``query_encode_kwargs``) are translated to
-the core's settings here, so swapping the import is the whole migration. With ``base_url`` (or
-``GPUPROMPT_URL``) the core object is a :class:`gpuprompt.remote.RemoteEmbedder` of a running
-``gpuprompt serve`` instead of the runtime's Embedder.
+the core's settings here, so swapping the import is the whole migration. The class gets its runtime
+once (:func:`gpuprompt.connect`): with ``base_url`` (or ``GPUPROMPT_URL``) the embedder is a
+running ``gpuprompt serve``'s, else the process's shared one; it then only delegates.
 """
 
 from __future__ import annotations
@@ -17,15 +17,16 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from gpuprompt.embed import EmbedderConfig
 from gpuprompt.errors import ConfigurationError, describe
-from gpuprompt.remote._config import resolve_remote
+from gpuprompt.runtime import connect
 from gpuprompt.validation import check_bool, check_str, configuration_error, fail
 from langchain_core.embeddings import Embeddings
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, SecretStr, ValidationError
 
 if TYPE_CHECKING:
     import torch
-    from gpuprompt.embed import Embedder
-    from gpuprompt.remote import RemoteConfig, RemoteEmbedder
+    from gpuprompt.protocols import EmbedderLike
+    from gpuprompt.remote import RemoteRuntime
+    from gpuprompt.runtime import Runtime
 
 # Defaults come from the core config: the same settings must reach the same shared Embedder
 # (and batch queue) whether it is asked for from LangChain, LlamaIndex or the core.
@@ -151,11 +152,14 @@ class GPUPromptEmbeddings(BaseModel, Embeddings):
     without it the model runs in this process."""
     api_key: SecretStr | None = None
     """The server's API key (remote mode); None reads ``GPUPROMPT_API_KEY`` when ``GPUPROMPT_URL`` is used."""
+    timeout: float | None = Field(default=None, alias="request_timeout")
+    """Remote mode: seconds a request to the server may wait for an answer (also ``request_timeout=``);
+    None reads ``GPUPROMPT_TIMEOUT``, else 60."""
 
     model_config = ConfigDict(extra="forbid", protected_namespaces=(), populate_by_name=True)
 
-    _embedder: Embedder | RemoteEmbedder | None = PrivateAttr(default=None)
-    _remote: RemoteConfig | None = PrivateAttr(default=None)
+    _embedder: EmbedderLike | None = PrivateAttr(default=None)
+    _runtime: Runtime | RemoteRuntime | None = PrivateAttr(default=None)
     _doc_prefix: str = PrivateAttr(default="")
     _query_prefix: str = PrivateAttr(default="")
 
@@ -169,18 +173,20 @@ class GPUPromptEmbeddings(BaseModel, Embeddings):
         self._translate_hf_arguments()
         local = ("device", "dtype", "quantize", "batch_size", "max_batch_tokens", "max_wait_ms", "max_queue",
                  "cache_size", "show_progress", "normalize")
-        self._remote = resolve_remote(
+        self._runtime = connect(
             self.base_url,
-            self.api_key,
+            api_key=self.api_key,
+            timeout=self.timeout,
             owner="GPUPromptEmbeddings",
             local_options={name: (getattr(self, name), getattr(_CORE, name)) for name in local},
         )
-        if self._remote is None:
-            self._config()
+        if self._runtime.remote:
+            config = self._runtime.config
+            self.base_url = config.base_url
+            if config.api_key is not None:
+                self.api_key = SecretStr(config.api_key)
         else:
-            self.base_url = self._remote.base_url
-            if self._remote.api_key is not None:
-                self.api_key = SecretStr(self._remote.api_key)
+            self._config()
 
     # ------------------------------------------------------------------ HuggingFaceEmbeddings args
     def _translate_hf_arguments(self) -> None:
@@ -248,18 +254,20 @@ class GPUPromptEmbeddings(BaseModel, Embeddings):
         )
 
     @property
-    def embedder(self) -> Embedder | RemoteEmbedder:
-        """The shared core :class:`~gpuprompt.Embedder` for these settings (not loaded yet); in
-        remote mode a :class:`gpuprompt.remote.RemoteEmbedder` with the same interface."""
-        if self._embedder is None and self._remote is not None:
-            from gpuprompt.remote import shared_embedder
+    def remote(self) -> bool:
+        """Whether the vectors come from a running ``gpuprompt serve`` (remote mode)."""
+        assert self._runtime is not None
+        return self._runtime.remote
 
-            self._embedder = shared_embedder(self._remote, self.model)
+    @property
+    def embedder(self) -> EmbedderLike:
+        """The runtime's shared embedder for these settings (not loaded yet): the process's
+        :class:`~gpuprompt.Embedder`, or in remote mode the server's (a ``RemoteEmbedder``)."""
         if self._embedder is None:
-            from gpuprompt.runtime import get_runtime
-
-            options = {k: v for k, v in dataclasses.asdict(self._config()).items() if k != "model"}
-            self._embedder = get_runtime().embedder(self.model, **options)
+            assert self._runtime is not None
+            options = {} if self._runtime.remote else {
+                k: v for k, v in dataclasses.asdict(self._config()).items() if k != "model"}
+            self._embedder = self._runtime.embedder(self.model, **options)
         return self._embedder
 
     # ------------------------------------------------------------------ core-typed access
@@ -272,7 +280,7 @@ class GPUPromptEmbeddings(BaseModel, Embeddings):
         """Async :meth:`embed_tensor`."""
         return await (await self._aembedder()).aembed_tensor(self._documents(texts))
 
-    async def _aembedder(self) -> Embedder | RemoteEmbedder:
+    async def _aembedder(self) -> EmbedderLike:
         if self._embedder is None:
             # The first lookup resolves the device, which imports torch: keep that off the loop.
             await asyncio.to_thread(lambda: self.embedder)
@@ -325,8 +333,8 @@ class GPUPromptEmbeddings(BaseModel, Embeddings):
         return (await (await self._aembedder()).aembed(self._query(text)))[0].tolist()
 
     def __repr__(self) -> str:
-        if self._remote is not None:
-            return f"GPUPromptEmbeddings(model={self.model!r}, base_url={self._remote.shown_url!r})"
+        if self._runtime is not None and self._runtime.remote:
+            return f"GPUPromptEmbeddings(model={self.model!r}, base_url={self._runtime.config.shown_url!r})"
         quantize = f", quantize={self.quantize!r}" if self.quantize else ""
         return f"GPUPromptEmbeddings(model={self.model!r}, device={self.device!r}{quantize})"
 

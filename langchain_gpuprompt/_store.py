@@ -179,6 +179,7 @@ class GPUPromptStore(BaseStore):
         base_url: str | None = None,
         api_key: str | None = None,
         collection: str | None = None,
+        timeout: float | None = None,
     ) -> None:
         if index is not None and index is not False and not isinstance(index, Mapping):
             raise ConfigurationError(
@@ -192,7 +193,8 @@ class GPUPromptStore(BaseStore):
         check_device(device)
         if clock is not None:
             check_clock(clock)
-        remote = _remote_config(base_url, api_key, collection, device)
+        runtime = _remote_runtime(base_url, api_key, collection, device, timeout)
+        remote = runtime.config if runtime is not None else None
         self.collection: str | None = None
         """The server collection holding the vectors (remote mode; the items are in ``<collection>.items``)."""
         if remote is not None:
@@ -210,12 +212,13 @@ class GPUPromptStore(BaseStore):
             elif remote is None:
                 embeddings = GPUPromptEmbeddings()
             else:  # the server's model: its vectors are the ones its collection takes
-                embeddings = GPUPromptEmbeddings(base_url=remote.base_url, api_key=remote.api_key)
+                embeddings = GPUPromptEmbeddings(base_url=remote.base_url, api_key=remote.api_key, timeout=timeout)
             if remote is None:
                 self._vectors = GPUPromptVectorStore(embeddings, device=device)
             else:
                 self._vectors = GPUPromptVectorStore(
-                    embeddings, base_url=remote.base_url, api_key=remote.api_key, collection=self.collection
+                    embeddings, base_url=remote.base_url, api_key=remote.api_key, collection=self.collection,
+                    timeout=timeout,
                 )
             fields = config.get("fields") or ["$"]
             self._fields = _index_paths(fields, "index.fields", error=ConfigurationError)
@@ -231,9 +234,8 @@ class GPUPromptStore(BaseStore):
         if remote is None:
             self._items = _LocalItems()
         else:
-            from gpuprompt.remote._index import RemoteIndex
-
-            self._items = _RemoteItems(RemoteIndex(remote, collection=f"{self.collection}{_ITEMS_SUFFIX}"))
+            assert runtime is not None
+            self._items = _RemoteItems(runtime.index(collection=f"{self.collection}{_ITEMS_SUFFIX}"))
 
     def __repr__(self) -> str:
         where = "" if self.collection is None else f" collection={self.collection!r}"
@@ -953,8 +955,8 @@ class _RemoteItems:
                 entry.ns_order = decided.setdefault(namespace, entry.order)
 
 
-def _remote_config(base_url: Any, api_key: Any, collection: Any, device: str) -> Any:
-    """The server of a remote store, or None to keep the store in process.
+def _remote_runtime(base_url: Any, api_key: Any, collection: Any, device: str, timeout: Any) -> Any:
+    """The runtime of a remote store's server, or None to keep the store in process.
 
     As for the vector store, a store is remote when it names a server (``base_url`` / ``api_key``)
     or a collection; ``GPUPROMPT_URL`` then supplies a missing ``base_url``, but alone it keeps
@@ -964,21 +966,22 @@ def _remote_config(base_url: Any, api_key: Any, collection: Any, device: str) ->
         return None
     import re
 
-    from gpuprompt.remote._config import resolve_remote
+    from gpuprompt.runtime import connect
 
     if collection is not None:
         check_str(collection, "collection", error=ConfigurationError)
         if not re.match(_COLLECTION_PATTERN, collection):
             raise fail("collection", "a collection name of 1-58 letters, digits, '.', '_' or '-', starting with a "
                        "letter or digit", collection, error=ConfigurationError)
-    config = resolve_remote(base_url, api_key, owner="GPUPromptStore", local_options={"device": (device, "auto")})
-    if config is None:
+    runtime = connect(base_url, api_key=api_key, timeout=timeout, owner="GPUPromptStore",
+                      local_options={"device": (device, "auto")})
+    if not runtime.remote:
         raise ConfigurationError(
             f"GPUPromptStore got collection={collection!r}, a collection of a running `gpuprompt serve`, but no "
             "server: pass base_url='http://host:port' (or set GPUPROMPT_URL), or drop collection to keep the store "
             "in process."
         )
-    return config
+    return runtime
 
 
 def _item_id(path: _Path) -> str:

@@ -117,6 +117,8 @@ class GPUPromptVectorStore(VectorStore):
         base_url: a running ``gpuprompt serve`` whose collection is the index (remote mode).
         api_key: its API key (None reads ``GPUPROMPT_API_KEY`` when the server comes from ``GPUPROMPT_URL``).
         collection: the server collection (remote mode; the server is ``base_url`` or ``GPUPROMPT_URL``).
+        timeout: remote mode: seconds a request to the server may wait for an answer (None reads
+            ``GPUPROMPT_TIMEOUT``, else 60); a silent server raises ``RequestTimeoutError``.
         **index_options: further :class:`~gpuprompt.VectorIndex` options (``index_factory``, ...).
 
     Raises:
@@ -136,6 +138,7 @@ class GPUPromptVectorStore(VectorStore):
         base_url: str | None = None,
         api_key: str | None = None,
         collection: str | None = None,
+        timeout: float | None = None,
         **index_options: Any,
     ) -> None:
         if not isinstance(embedding, Embeddings):
@@ -144,7 +147,7 @@ class GPUPromptVectorStore(VectorStore):
                 f"(got {describe(embedding)})."
             )
         from gpuprompt.index import VectorIndex, check_index
-        from gpuprompt.remote._index import remote_index
+        from gpuprompt.runtime import connect_index
 
         check_index(index, allow_none=True)
         if "dim" in index_options:
@@ -155,8 +158,8 @@ class GPUPromptVectorStore(VectorStore):
         options: dict[str, Any] = {"metric": metric, "backend": backend, "device": device, **index_options}
         local = {"backend": (backend, "auto"), "device": (device, "auto")}
         local.update((name, (value, _UNSET)) for name, value in index_options.items())
-        remote = remote_index(base_url, api_key, collection, owner="GPUPromptVectorStore", index=index, metric=metric,
-                              local_options=local)
+        remote = connect_index(base_url, api_key, collection, owner="GPUPromptVectorStore", index=index, metric=metric,
+                               timeout=timeout, local_options=local)
         if remote is not None:
             index = remote  # connects at first use
         else:
@@ -198,7 +201,7 @@ class GPUPromptVectorStore(VectorStore):
     def _device_embeddings(self) -> GPUPromptEmbeddings | None:
         embedding = self.embedding
         # Remote embeddings come back as host arrays: their tensors would only import torch here.
-        if isinstance(embedding, GPUPromptEmbeddings) and embedding.base_url is None:
+        if isinstance(embedding, GPUPromptEmbeddings) and not embedding.remote:
             return embedding
         return None
 
@@ -231,6 +234,23 @@ class GPUPromptVectorStore(VectorStore):
         if device is not None:
             return await device.aembed_tensor([query])
         return check_real_matrix([await self.embedding.aembed_query(query)], "embedding")
+
+    def _text_index(self) -> Any:
+        """The index when it embeds query text itself in one request (a server collection searched
+        with that server's own embeddings: :class:`gpuprompt.protocols.TextSearchLike`), else None.
+
+        The hits equal embedding the query here and searching by vector: the server embeds it with
+        the same model; only the round trip of the vector is saved.
+        """
+        from gpuprompt.protocols import TextSearchLike
+
+        embedding, index = self.embedding, self._index
+        if not (isinstance(embedding, GPUPromptEmbeddings) and embedding.remote and isinstance(index, TextSearchLike)):
+            return None
+        client = getattr(index, "client", None)
+        if client is None or client.config.base_url != embedding.base_url:
+            return None
+        return index
 
     def _embedder_identity(self) -> str | None:
         """The core embedder's identity (model, quantisation), recorded by the index at the first
@@ -363,6 +383,10 @@ class GPUPromptVectorStore(VectorStore):
         """Like :meth:`similarity_search`, with each document's score (higher is more similar:
         cosine similarity, inner product, or ``1 / (1 + squared L2)`` by metric)."""
         _search_kwargs(kwargs)
+        text_index = self._text_index()
+        if text_index is not None:  # one request: the server embeds and searches
+            self.embedding.embedder.load()  # the served model is checked once (a cached answer after that)
+            return _scored(text_index.search_text(self.embedding._query(query), k, filter=filter)[0])
         vectors = self.embed_query_matrix(query)
         return _scored(self._search(vectors, k, filter))
 
@@ -371,6 +395,10 @@ class GPUPromptVectorStore(VectorStore):
     ) -> list[tuple[Document, float]]:
         """Async :meth:`similarity_search_with_score`."""
         _search_kwargs(kwargs)
+        text_index = self._text_index()
+        if text_index is not None:  # one request: the server embeds and searches
+            await self.embedding.embedder.aload()
+            return _scored((await text_index.asearch_text(self.embedding._query(query), k, filter=filter))[0])
         vectors = await self.aembed_query_matrix(query)
         index = self.ensure_index(int(vectors.shape[1]))
         return _scored((await index.asearch(vectors, k, filter=filter))[0])

@@ -1,9 +1,9 @@
 """GPUPromptEmbedding: a LlamaIndex ``BaseEmbedding`` over the shared, batched gpuprompt Embedder.
 
 Every call, sync or async, goes through the core Embedder's one batch queue, so the query
-embeddings of many concurrent ``aquery`` calls are computed together in one forward pass. With
-``base_url`` (or ``GPUPROMPT_URL``) that queue is a running ``gpuprompt serve``'s, reached through
-:class:`gpuprompt.remote.RemoteEmbedder`.
+embeddings of many concurrent ``aquery`` calls are computed together in one forward pass. The class
+gets its runtime once (:func:`gpuprompt.connect`): with ``base_url`` (or ``GPUPROMPT_URL``) that
+queue is a running ``gpuprompt serve``'s (a ``RemoteEmbedder``), else the process's.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from gpuprompt.embed import QUANTIZE_CHOICES, EmbedderConfig
 from gpuprompt.errors import ConfigurationError, InputTypeError, describe
 from gpuprompt.models import BUNDLED_EMBEDDING_MODEL
-from gpuprompt.remote._config import resolve_remote
+from gpuprompt.runtime import connect
 from gpuprompt.validation import check_choice, check_str, check_str_list, configuration_error, fail
 from llama_index.core.base.embeddings.base import BaseEmbedding, Embedding
 from llama_index.core.bridge.pydantic import (
@@ -32,7 +32,9 @@ from llamaindex_gpuprompt._common import check_options
 
 if TYPE_CHECKING:
     from gpuprompt.embed import Embedder
-    from gpuprompt.remote import RemoteConfig, RemoteEmbedder
+    from gpuprompt.protocols import EmbedderLike
+    from gpuprompt.remote import RemoteRuntime
+    from gpuprompt.runtime import Runtime
 
 __all__ = ["GPUPromptEmbedding"]
 
@@ -101,9 +103,12 @@ class GPUPromptEmbedding(BaseEmbedding):
         default=None, description="A running gpuprompt serve to embed on (remote mode); None: GPUPROMPT_URL or in process."
     )
     api_key: str | None = Field(default=None, exclude=True, repr=False, description="The server's API key (remote mode).")
+    timeout: float | None = Field(
+        default=None, description="Remote mode: seconds a request to the server may wait for an answer (None reads "
+        "GPUPROMPT_TIMEOUT, else 60).")
 
-    _embedder: Embedder | RemoteEmbedder | None = PrivateAttr(default=None)
-    _remote: RemoteConfig | None = PrivateAttr(default=None)
+    _embedder: EmbedderLike | None = PrivateAttr(default=None)
+    _runtime: Runtime | RemoteRuntime | None = PrivateAttr(default=None)
 
     @field_validator("quantize", mode="before")
     @classmethod
@@ -134,16 +139,17 @@ class GPUPromptEmbedding(BaseEmbedding):
             super().__init__(model_name=model_name, **kwargs)
         except ValidationError as exc:  # a field of the wrong type: our typed error, naming it
             raise configuration_error(exc, "GPUPromptEmbedding") from exc
-        self._remote = resolve_remote(
+        self._runtime = connect(
             self.base_url,
-            self.api_key,
+            api_key=self.api_key,
+            timeout=self.timeout,
             owner="GPUPromptEmbedding",
             local_options={"device": (self.device, "auto"), "quantize": (self.quantize, None),
                            "normalize": (self.normalize, True), "embedder_options": (self.embedder_options, {}),
                            "embedder": (embedder, None)},
         )
-        if self._remote is not None:
-            self.base_url, self.api_key = self._remote.base_url, self._remote.api_key
+        if self._runtime.remote:
+            self.base_url, self.api_key = self._runtime.config.base_url, self._runtime.config.api_key
         elif embedder is None:
             # The core checks the settings now (pure Python, loads nothing): a bad option fails
             # here, not at the first embedding.
@@ -155,8 +161,8 @@ class GPUPromptEmbedding(BaseEmbedding):
         return "GPUPromptEmbedding"
 
     def __repr__(self) -> str:
-        if self._remote is not None:
-            return f"GPUPromptEmbedding(model_name={self.model_name!r}, base_url={self._remote.shown_url!r})"
+        if self._runtime is not None and self._runtime.remote:
+            return f"GPUPromptEmbedding(model_name={self.model_name!r}, base_url={self._runtime.config.shown_url!r})"
         quantize = f", quantize={self.quantize!r}" if self.quantize else ""
         return f"GPUPromptEmbedding(model_name={self.model_name!r}, device={self.device!r}{quantize})"
 
@@ -168,20 +174,24 @@ class GPUPromptEmbedding(BaseEmbedding):
         )
 
     @property
-    def embedder(self) -> Embedder | RemoteEmbedder:
-        """The core Embedder (the runtime's shared instance for this config, obtained on first use);
-        in remote mode a :class:`gpuprompt.remote.RemoteEmbedder` with the same interface."""
-        if self._embedder is None and self._remote is not None:
-            from gpuprompt.remote import shared_embedder
+    def remote(self) -> bool:
+        """Whether the vectors come from a running ``gpuprompt serve`` (remote mode)."""
+        assert self._runtime is not None
+        return self._runtime.remote
 
-            model = None if self.model_name == BUNDLED_EMBEDDING_MODEL else self.model_name
-            self._embedder = shared_embedder(self._remote, model)
+    @property
+    def embedder(self) -> EmbedderLike:
+        """The runtime's shared embedder for this config (obtained on first use): the process's
+        :class:`~gpuprompt.Embedder`, or in remote mode the server's (a ``RemoteEmbedder``)."""
         if self._embedder is None:
-            from gpuprompt import get_runtime
-
-            config = self._config()
-            options = {k: v for k, v in dataclasses.asdict(config).items() if k != "model"}
-            self._embedder = get_runtime().embedder(config.model, **options)
+            assert self._runtime is not None
+            if self._runtime.remote:
+                model = None if self.model_name == BUNDLED_EMBEDDING_MODEL else self.model_name
+                self._embedder = self._runtime.embedder(model)
+            else:
+                config = self._config()
+                options = {k: v for k, v in dataclasses.asdict(config).items() if k != "model"}
+                self._embedder = self._runtime.embedder(config.model, **options)
         return self._embedder
 
     def _queries(self, query: Any) -> list[str]:

@@ -5,8 +5,9 @@ Every call, sync or async, streaming or not, becomes one request in the engine, 
 ``aquery``/``achat`` calls are generated together; async methods await the engine directly. Tool
 calling and structured output are the core's (one prompt format, one parser, guided decoding on
 both backends); this class translates LlamaIndex types (:mod:`llamaindex_gpuprompt._llm_tools`).
-With ``base_url`` (or ``GPUPROMPT_URL``) the engine is a :class:`gpuprompt.remote.RemoteLLM` of a
-running ``gpuprompt serve``, with the same interface.
+The class gets its runtime once (:func:`gpuprompt.connect`): with ``base_url`` (or
+``GPUPROMPT_URL``) the engine is a running ``gpuprompt serve``'s (a ``RemoteLLM``), else the
+process's shared one, behind the same protocol (:class:`gpuprompt.protocols.EngineLike`).
 """
 
 from __future__ import annotations
@@ -18,8 +19,8 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
 from gpuprompt.errors import ConfigurationError, InputTypeError, InvalidInputError, describe
-from gpuprompt.llm._policy import check_call_policy
-from gpuprompt.remote._config import resolve_remote
+from gpuprompt.llm import check_call_policy
+from gpuprompt.runtime import connect
 from llama_index.core.base.llms.types import (
     ChatMessage,
     ChatResponse,
@@ -51,7 +52,9 @@ from llamaindex_gpuprompt._llm_tools import (
 if TYPE_CHECKING:
 
     from gpuprompt.llm import GenerationRequest, GenerationResult, LLMEngine, StreamDelta, Usage
-    from gpuprompt.remote import RemoteConfig, RemoteLLM
+    from gpuprompt.protocols import EngineLike
+    from gpuprompt.remote import RemoteRuntime
+    from gpuprompt.runtime import Runtime
     from llama_index.core.tools.types import BaseTool
 
 __all__ = ["GPUPromptLLM"]
@@ -206,7 +209,8 @@ class GPUPromptLLM(StructuredOutputMixin, FunctionCallingLLM):
         default="error", description="Too-long chats: 'error' raises, 'left' drops the oldest turns."
     )
     timeout: float | None = Field(
-        default=None, description="Seconds a request may take before it is aborted (RequestTimeoutError)."
+        default=None, description="Seconds a request may take before it is aborted (RequestTimeoutError); in remote "
+        "mode also the most seconds any request to the server waits for an answer (None reads GPUPROMPT_TIMEOUT)."
     )
     max_retries: int = Field(
         default=2, ge=0, description="Retries after a transient engine failure (a full queue), not bad input."
@@ -223,8 +227,8 @@ class GPUPromptLLM(StructuredOutputMixin, FunctionCallingLLM):
     )
     api_key: str | None = Field(default=None, exclude=True, repr=False, description="The server's API key (remote mode).")
 
-    _engine: LLMEngine | RemoteLLM | None = PrivateAttr(default=None)
-    _remote: RemoteConfig | None = PrivateAttr(default=None)
+    _engine: EngineLike | None = PrivateAttr(default=None)
+    _runtime: Runtime | RemoteRuntime | None = PrivateAttr(default=None)
 
     def __init__(self, model: str | None = None, *, engine: LLMEngine | None = None, **kwargs: Any) -> None:
         if engine is not None:
@@ -236,16 +240,17 @@ class GPUPromptLLM(StructuredOutputMixin, FunctionCallingLLM):
         check_options("engine_options", kwargs.get("engine_options"), ("model", "backend", "device", "max_model_len"))
         super().__init__(model=model, **kwargs)
         check_call_policy(self.timeout, self.max_retries)
-        self._remote = resolve_remote(
+        self._runtime = connect(
             self.base_url,
-            self.api_key,
+            api_key=self.api_key,
+            timeout=self.timeout,
             owner="GPUPromptLLM",
             local_options={"backend": (self.backend, "auto"), "device": (self.device, "auto"),
                            "engine_options": (self.engine_options, {}), "engine": (engine, None),
                            "truncate": (self.truncate, "error")},
         )
-        if self._remote is not None:
-            self.base_url, self.api_key = self._remote.base_url, self._remote.api_key
+        if self._runtime.remote:
+            self.base_url, self.api_key = self._runtime.config.base_url, self._runtime.config.api_key
         self._engine = engine
 
     @classmethod
@@ -253,23 +258,22 @@ class GPUPromptLLM(StructuredOutputMixin, FunctionCallingLLM):
         return "GPUPromptLLM"
 
     def __repr__(self) -> str:
-        if self._remote is not None:
-            return f"GPUPromptLLM(model={self.model!r}, base_url={self._remote.shown_url!r}, max_tokens={self.max_tokens})"
+        if self._runtime is not None and self._runtime.remote:
+            return (f"GPUPromptLLM(model={self.model!r}, base_url={self._runtime.config.shown_url!r}, "
+                    f"max_tokens={self.max_tokens})")
         return f"GPUPromptLLM(model={self.model!r}, backend={self.backend!r}, max_tokens={self.max_tokens})"
 
     # ------------------------------------------------------------------ the core object
     @property
-    def engine(self) -> LLMEngine | RemoteLLM:
-        """The core LLMEngine (the runtime's shared engine for this config, obtained on first use); in
+    def engine(self) -> EngineLike:
+        """The core engine (the runtime's shared engine for this config, obtained on first use); in
         remote mode a :class:`gpuprompt.remote.RemoteLLM` with the same interface."""
-        if self._engine is None and self._remote is not None:
-            from gpuprompt.remote import shared_llm
-
-            self._engine = shared_llm(self._remote, self.model, context_window=self.max_model_len)
         if self._engine is None:
-            from gpuprompt import get_runtime
-
-            self._engine = get_runtime().llm(
+            assert self._runtime is not None
+            if self._runtime.remote:
+                self._engine = self._runtime.llm(self.model, max_model_len=self.max_model_len)
+                return self._engine
+            self._engine = self._runtime.llm(
                 self.model,
                 backend=self.backend,
                 device=self.device,

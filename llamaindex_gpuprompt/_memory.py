@@ -1,9 +1,10 @@
 """GPUPromptContextMemoryBlock: a LlamaIndex ``Memory`` block over gpuprompt's ``ContextCache``.
 
 Turns flushed from short-term memory are embedded once, when stored; later reads pick a session's
-most relevant past turns with one product against the device-resident turn embeddings. With
-``base_url`` (or ``GPUPROMPT_URL``) the turns live in a running ``gpuprompt serve``, through
-:class:`gpuprompt.remote.RemoteContextCache`, instead of the runtime's ContextCache.
+most relevant past turns with one product against the device-resident turn embeddings. The block
+gets its runtime once (:func:`gpuprompt.connect`): with ``base_url`` (or ``GPUPROMPT_URL``) the
+turns live in a running ``gpuprompt serve`` (a ``RemoteContextCache``), else in the process's shared
+ContextCache; it then only delegates (:class:`gpuprompt.protocols.ContextLike`).
 """
 
 from __future__ import annotations
@@ -14,15 +15,12 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from gpuprompt.errors import ConfigurationError, InputTypeError, InvalidInputError, describe
-from gpuprompt.remote._config import resolve_remote
-from gpuprompt.remote._sessions import RemoteContextCache
+from gpuprompt.protocols import ContextLike
+from gpuprompt.runtime import connect
 from gpuprompt.validation import INT64_MAX, check_str, configuration_error, fail
 from llama_index.core.base.llms.types import ChatMessage, TextBlock
 from llama_index.core.bridge.pydantic import ConfigDict, Field, PrivateAttr, ValidationError, field_validator
 from llama_index.core.memory.memory import BaseMemoryBlock
-
-if TYPE_CHECKING:
-    from gpuprompt.context import ContextCache
 
 __all__ = ["GPUPromptContextMemoryBlock"]
 
@@ -116,8 +114,11 @@ class GPUPromptContextMemoryBlock(BaseMemoryBlock[str]):
         description="A running gpuprompt serve to keep the turns in (remote mode); None: GPUPROMPT_URL or in process.",
     )
     api_key: str | None = Field(default=None, exclude=True, repr=False, description="The server's API key (remote mode).")
+    timeout: float | None = Field(
+        default=None, description="Remote mode: seconds a request to the server may wait for an answer (None reads "
+        "GPUPROMPT_TIMEOUT, else 60).")
 
-    _cache: ContextCache | RemoteContextCache | None = PrivateAttr(default=None)
+    _cache: ContextLike | None = PrivateAttr(default=None)
 
     @field_validator("turn_template")
     @classmethod
@@ -149,15 +150,12 @@ class GPUPromptContextMemoryBlock(BaseMemoryBlock[str]):
 
         return check_session_id(value, "default_session_id")
 
-    def __init__(self, *, context_cache: ContextCache | RemoteContextCache | None = None, **kwargs: Any) -> None:
-        if context_cache is not None:
-            from gpuprompt.context import ContextCache
-
-            if not isinstance(context_cache, (ContextCache, RemoteContextCache)):
-                raise ConfigurationError(
-                    f"'context_cache' must be a gpuprompt.ContextCache, a gpuprompt.remote.RemoteContextCache or "
-                    f"None (got {describe(context_cache)})."
-                )
+    def __init__(self, *, context_cache: ContextLike | None = None, **kwargs: Any) -> None:
+        if context_cache is not None and not isinstance(context_cache, ContextLike):
+            raise ConfigurationError(
+                f"'context_cache' must be a gpuprompt.ContextCache, a gpuprompt.remote.RemoteContextCache or "
+                f"None (got {describe(context_cache)})."
+            )
         try:
             super().__init__(**kwargs)
         except ValidationError as exc:  # a field of the wrong type: our typed error, naming it
@@ -169,26 +167,23 @@ class GPUPromptContextMemoryBlock(BaseMemoryBlock[str]):
                     "context_cache to keep turns in it, or base_url (and api_key) to keep them in a gpuprompt serve."
                 )
         else:
-            remote = resolve_remote(self.base_url, self.api_key, owner="GPUPromptContextMemoryBlock")
-            if remote is not None:
-                self.base_url, self.api_key = remote.base_url, remote.api_key
-                context_cache = RemoteContextCache(remote)
-        if isinstance(context_cache, RemoteContextCache):
-            # The server's rule (its keys are "@/<id>"): a default accepted here never fails there.
-            try:
-                context_cache.check_session_id(self.default_session_id, "default_session_id")
-            except InvalidInputError as exc:  # a field, as in process: a configuration error
-                raise ConfigurationError(str(exc)) from None
+            runtime = connect(self.base_url, api_key=self.api_key, timeout=self.timeout,
+                              owner="GPUPromptContextMemoryBlock")
+            if runtime.remote:
+                self.base_url, self.api_key = runtime.config.base_url, runtime.config.api_key
+            context_cache = runtime.context_cache()  # the process's shared cache, or the server's memory
+        # The cache's rule (a server's keys are "@/<id>"): a default accepted here never fails there.
+        try:
+            context_cache.check_session_id(self.default_session_id, "default_session_id")
+        except InvalidInputError as exc:  # a field, as in process: a configuration error
+            raise ConfigurationError(str(exc)) from None
         self._cache = context_cache
 
     @property
-    def context_cache(self) -> ContextCache | RemoteContextCache:
+    def context_cache(self) -> ContextLike:
         """The core ContextCache holding the turns (the runtime's shared one unless given; in remote
         mode the server's, through a :class:`gpuprompt.remote.RemoteContextCache`)."""
-        if self._cache is None:
-            from gpuprompt.runtime import get_runtime
-
-            self._cache = get_runtime().context_cache()
+        assert self._cache is not None
         return self._cache
 
     async def aput(
@@ -226,11 +221,7 @@ class GPUPromptContextMemoryBlock(BaseMemoryBlock[str]):
 
     def _check_session_id(self, value: Any, name: str) -> str:
         """The cache's rule for a session id (the server's, in remote mode)."""
-        if isinstance(self._cache, RemoteContextCache):
-            return self._cache.check_session_id(value, name)
-        from gpuprompt.context import check_session_id
-
-        return check_session_id(value, name)
+        return self.context_cache.check_session_id(value, name)
 
     async def _aput(self, messages: list[ChatMessage]) -> None:
         # Every message is checked before anything is stored: a refused call stores nothing.

@@ -148,6 +148,9 @@ class GPUPromptVectorStore(BasePydanticVectorStore):
     collection: str | None = Field(
         default=None, description="The server collection (remote mode; the server is base_url or GPUPROMPT_URL)."
     )
+    timeout: float | None = Field(
+        default=None, description="Remote mode: seconds a request to the server may wait for an answer (None reads "
+        "GPUPROMPT_TIMEOUT, else 60).")
 
     _index: IndexLike | None = PrivateAttr(default=None)
     _index_lock: threading.Lock = PrivateAttr(default_factory=threading.Lock)
@@ -164,12 +167,12 @@ class GPUPromptVectorStore(BasePydanticVectorStore):
             super().__init__(**kwargs)
         except ValidationError as exc:  # a field of the wrong type: our typed error, naming it
             raise configuration_error(exc, "GPUPromptVectorStore") from exc
-        from gpuprompt.remote._index import remote_index
+        from gpuprompt.runtime import connect_index
 
         local = {"backend": (self.backend, "auto"), "device": (self.device, "auto"),
                  "index_options": (self.index_options, {})}
-        remote = remote_index(self.base_url, self.api_key, self.collection, owner="GPUPromptVectorStore", index=index,
-                              dim=self.dim, metric=self.metric, local_options=local)
+        remote = connect_index(self.base_url, self.api_key, self.collection, owner="GPUPromptVectorStore", index=index,
+                               dim=self.dim, metric=self.metric, timeout=self.timeout, local_options=local)
         if remote is not None:
             index = remote  # connects at first use
             self.base_url = remote.client.config.base_url

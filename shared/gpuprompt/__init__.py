@@ -1,12 +1,16 @@
 """gpuprompt: the acceleration core behind the LangChain and LlamaIndex drop-in classes.
 
-Importing this package loads no torch, faiss or vLLM; each public name is imported on first use.
+Start with :func:`connect`: it returns the runtime of this process (models load here) or of a
+running ``gpuprompt serve`` (``base_url=`` or ``GPUPROMPT_URL``), whose components satisfy the same
+protocols (:mod:`gpuprompt.protocols`). Importing this package loads no torch, faiss or vLLM; each
+public name is imported on first use.
 """
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from gpuprompt._lazy import lazy_exports
 
 # The one version source is gpuprompt/_version.py: the build reads it ([tool.hatch.version] in
 # pyproject.toml), and importlib.metadata.version("gpuprompt") of an installed copy equals it.
@@ -29,8 +33,8 @@ if TYPE_CHECKING:
         Usage,
     )
     from gpuprompt.rag import RAGAnswer, RAGPipeline, StageTimings
-    from gpuprompt.remote import RemoteConfig, RemoteEmbedder, RemoteLLM
-    from gpuprompt.runtime import Runtime, get_runtime, resolve_device
+    from gpuprompt.remote import RemoteConfig, RemoteEmbedder, RemoteLLM, RemoteRuntime
+    from gpuprompt.runtime import Runtime, connect, get_runtime, resolve_device
 
 _EXPORTS: dict[str, str] = {
     "BatcherStats": "gpuprompt.batching",
@@ -63,24 +67,21 @@ _EXPORTS: dict[str, str] = {
     "RemoteConfig": "gpuprompt.remote",
     "RemoteEmbedder": "gpuprompt.remote",
     "RemoteLLM": "gpuprompt.remote",
+    "RemoteRuntime": "gpuprompt.remote",
     "Runtime": "gpuprompt.runtime",
+    "connect": "gpuprompt.runtime",
     "get_runtime": "gpuprompt.runtime",
     "resolve_device": "gpuprompt.runtime",
 }
 
 __all__ = sorted([*_EXPORTS, "__version__", "errors"])
 
-
-def __getattr__(name: str) -> Any:
-    if name == "errors":
-        return importlib.import_module("gpuprompt.errors")
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'gpuprompt' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
+_getattr, __dir__ = lazy_exports(__name__, _EXPORTS, extra=("__version__", "errors"))
 
 
-def __dir__() -> list[str]:
-    return __all__
+def __getattr__(name: str) -> object:
+    if name == "errors":  # the exception tree, a module
+        from gpuprompt import errors
+
+        return errors
+    return _getattr(name)

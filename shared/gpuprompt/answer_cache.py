@@ -21,7 +21,7 @@ from gpuprompt.validation import check_clock, check_int, check_number, check_str
 if TYPE_CHECKING:
     import torch
 
-    from gpuprompt.embed import Embedder
+    from gpuprompt.protocols import EmbedderLike
 
 __all__ = ["DEFAULT_MAX_ENTRIES", "DEFAULT_TTL_SECONDS", "AnswerCache", "AnswerCacheStats"]
 
@@ -118,7 +118,8 @@ class AnswerCache(Generic[V]):
         True
 
     Args:
-        embedder: embeds prompts (default: the runtime's shared embedder, resolved on first use).
+        embedder: embeds prompts (an :class:`~gpuprompt.protocols.EmbedderLike`; ``connect().answer_cache()``
+            builds a cache over the process's shared embedder).
         score_threshold: the least cosine similarity, in [-1, 1], that counts as the same prompt.
         max_entries: most answers kept; the least recently used go first.
         ttl_seconds: an answer's lifetime (None: no expiry).
@@ -127,7 +128,7 @@ class AnswerCache(Generic[V]):
 
     def __init__(
         self,
-        embedder: Embedder | None = None,
+        embedder: EmbedderLike,
         *,
         score_threshold: float = 0.95,
         max_entries: int = DEFAULT_MAX_ENTRIES,
@@ -137,8 +138,12 @@ class AnswerCache(Generic[V]):
         self.score_threshold = check_number(score_threshold, "score_threshold", min=-1.0, max=1.0, error=ConfigurationError)
         self.max_entries = check_int(max_entries, "max_entries", min=1, max=MAX_ENTRIES_LIMIT, error=ConfigurationError)
         ttl_seconds = check_ttl(ttl_seconds)
-        if embedder is not None and not callable(getattr(embedder, "embed_tensor", None)):
-            raise fail("embedder", "a gpuprompt.Embedder or None", embedder, error=ConfigurationError)
+        if embedder is None:
+            raise ConfigurationError(
+                "AnswerCache needs an embedder: AnswerCache(connect().embedder(), ...), or connect().answer_cache()."
+            )
+        if not callable(getattr(embedder, "embed_tensor", None)):
+            raise fail("embedder", "a gpuprompt.Embedder (an EmbedderLike)", embedder, error=ConfigurationError)
         check_clock(clock)
         self.ttl_seconds = ttl_seconds
         self._embedder = embedder
@@ -156,12 +161,8 @@ class AnswerCache(Generic[V]):
             return len(self._entries)
 
     @property
-    def embedder(self) -> Embedder:
-        """The embedder for prompts (the runtime's shared one unless given)."""
-        if self._embedder is None:
-            from gpuprompt.runtime import get_runtime
-
-            self._embedder = get_runtime().embedder()
+    def embedder(self) -> EmbedderLike:
+        """The embedder for prompts."""
         return self._embedder
 
     # ------------------------------------------------------------------ sync

@@ -77,6 +77,7 @@ from gpuprompt.errors import (
     VectorStoreError,
 )
 from gpuprompt.llm._types import MAX_TOKENS_LIMIT
+from gpuprompt.validation import check_json
 
 if TYPE_CHECKING:
     from gpuprompt.llm._types import GenerationRequest
@@ -89,6 +90,7 @@ __all__ = [
     "EMBEDDINGS",
     "EXTRA_SAMPLING",
     "HEALTH",
+    "MAX_ANSWER_BYTES",
     "MAX_DOCUMENTS_PER_REQUEST",
     "MAX_EMBEDDING_INPUTS",
     "MAX_IDS_PER_REQUEST",
@@ -103,6 +105,7 @@ __all__ = [
     "SESSION_HEADER",
     "WireError",
     "api_root",
+    "check_answer",
     "collection_path",
     "decode_vectors",
     "describe_error",
@@ -174,8 +177,32 @@ MAX_RECORD_ID_LENGTH = 4096
 """Longest record id (Milvus's limit, so one id works with either index)."""
 MAX_TURNS_PER_REQUEST = 2048
 """Most turns appended to a session in one request."""
+MAX_ANSWER_BYTES = 1024 * 1024
+"""Largest cached answer (``/v1/cache``), as compact UTF-8 JSON (far above any one model reply; it
+bounds the server cache's memory)."""
 MAX_BODY_BYTES = 16 * 1024 * 1024
 """The server's default body limit (``--max-body-bytes``); clients aim well under it."""
+
+
+
+def check_answer(value: Any, name: str) -> Any:
+    """Return a detached JSON copy of ``value`` if it can be cached remotely: JSON other than null
+    (a null would read back as a miss), nested at most 32 deep, at most :data:`MAX_ANSWER_BYTES`
+    as compact JSON. The one rule of both ends: this client and the server's ``/v1/cache/update``.
+
+    Raises:
+        InvalidInputError: anything else (the message names the part at fault).
+    """
+    answer = check_json(value, name)
+    if answer is None:
+        raise InvalidInputError(f"'{name}' must be a JSON value other than null (got None): a cached null would "
+                                "read back as a miss; cache a value such as {\"answer\": null} instead.")
+    size = len(json.dumps(answer, ensure_ascii=False, separators=(",", ":")).encode("utf-8"))
+    if size > MAX_ANSWER_BYTES:
+        raise InvalidInputError(f"'{name}' must be at most {MAX_ANSWER_BYTES} bytes as JSON (got {size} bytes); "
+                                "cache a shorter answer or a reference to it.")
+    return answer
+
 
 # ---------------------------------------------------------------------------------------- sampling
 EXTRA_SAMPLING: dict[str, Any] = {

@@ -46,7 +46,7 @@ class StubEmbedder:
     async def aembed_tensor(self, texts: Sequence[str]) -> Any:
         return self.embed_tensor(texts)
 
-    def _count_tokens(self, texts: list[str]) -> list[int]:
+    def count_tokens(self, texts: list[str], *, truncate: bool = True) -> list[int]:
         return [len(t.split()) for t in texts]
 
 

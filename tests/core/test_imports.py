@@ -56,7 +56,7 @@ def test_import_and_construction_load_no_heavy_library() -> None:
     code = (
         "import sys, gpuprompt\n"
         "from gpuprompt import Embedder, ContextCache, LLMEngine, MicroBatcher, MilvusIndex, Runtime, VectorIndex\n"
-        "Embedder(); LLMEngine(); VectorIndex(384); MilvusIndex(4); ContextCache(); Runtime().embedder(batch_size=4)\n"
+        "Embedder(); LLMEngine(); VectorIndex(384); MilvusIndex(4); ContextCache(Embedder()); Runtime().embedder(batch_size=4)\n"
         "Runtime().llm(backend='transformers')\n"
         "heavy = [m for m in ('torch', 'faiss', 'vllm', 'transformers', 'sentence_transformers', 'pymilvus', 'ray', 'redis', 'onnxruntime', 'xgrammar') if m in sys.modules]\n"
         "print(','.join(heavy))\n"

@@ -14,7 +14,7 @@ import threading
 import numpy as np
 import pytest
 
-from gpuprompt import ContextCache
+from gpuprompt import ContextCache, Embedder
 from gpuprompt.errors import (
     ConfigurationError,
     DimensionMismatchError,
@@ -172,7 +172,7 @@ def test_damaged_records_are_refused(data) -> None:
 # ---------------------------------------------------------------------------------------- ContextCache + store
 def test_cache_refuses_a_non_store() -> None:
     with pytest.raises(ConfigurationError, match="'store'"):
-        ContextCache(store=object())
+        ContextCache(Embedder(), store=object())
 
 
 def test_two_caches_share_a_session_without_reembedding(embedder) -> None:
@@ -301,11 +301,11 @@ async def test_async_calls_write_through(embedder) -> None:
 def test_importing_and_constructing_a_store_loads_no_heavy_library() -> None:
     code = (
         "import sys\n"
-        "from gpuprompt import ContextCache\n"
+        "from gpuprompt import ContextCache, Embedder\n"
         "from gpuprompt.context.stores import MemoryStore, RedisStore\n"
-        "ContextCache(store=MemoryStore())\n"
+        "ContextCache(Embedder(), store=MemoryStore())\n"
         "try:\n"
-        "    ContextCache(store=RedisStore('redis://127.0.0.1:1/0'))\n"
+        "    ContextCache(Embedder(), store=RedisStore('redis://127.0.0.1:1/0'))\n"
         "except ImportError:\n"
         "    pass\n"
         "print(','.join(m for m in ('torch', 'faiss', 'vllm', 'transformers') if m in sys.modules))\n"

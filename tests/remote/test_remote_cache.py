@@ -23,7 +23,7 @@ from langchain_tests.integration_tests import AsyncCacheTestSuite, SyncCacheTest
 from gpuprompt.errors import ConfigurationError, EngineDeadError, EngineError, InputTypeError, InvalidInputError
 from gpuprompt.remote import RemoteAnswerCache, RemoteClient, RemoteConfig
 from gpuprompt.remote._answer_cache import MAX_ANSWER_BYTES
-from gpuprompt.server._cache_api import MAX_ENTRIES, TTL_SECONDS, namespace_key
+from gpuprompt.server.routes.cache import MAX_ENTRIES, TTL_SECONDS, namespace_key
 from langchain_gpuprompt import ChatGPUPrompt, GPUPromptEmbeddings, GPUPromptSemanticCache
 
 LLM = "model=smollm2 temperature=0"
@@ -199,7 +199,7 @@ def test_the_server_keeps_one_bounded_cache(live, fresh) -> None:
     assert repr(cache) == f"<GPUPromptSemanticCache base_url={live.url!r} score_threshold=0.8>"
     assert repr(cache.answer_cache).startswith("<RemoteAnswerCache")
     cache.update(ASKED, LLM * 1000, ANSWER)  # a long llm_string is held by its hash
-    server_cache = live.app.state.answer_cache
+    server_cache = live.app.state.gpuprompt.answers
     assert server_cache.lookup(ASKED, namespace_key(LLM * 1000)) == [
         {"type": "Generation", "generation_info": None, "text": ANSWER[0].text}]
     assert isinstance(cache.embeddings, GPUPromptEmbeddings) and cache.embeddings.base_url == live.url

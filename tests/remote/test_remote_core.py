@@ -24,7 +24,8 @@ from gpuprompt.errors import (
     VectorStoreError,
 )
 from gpuprompt.llm import GenerationRequest, ToolSpec
-from gpuprompt.remote import RemoteConfig, RemoteEmbedder, RemoteLLM, error_from_status, resolve_remote
+from gpuprompt.remote import RemoteConfig, RemoteEmbedder, RemoteLLM, resolve_remote
+from gpuprompt.wire import error_from_status
 
 TEXTS = ["red summer dress", "blue denim jeans", "a warm winter coat", "", "naïve café ☕"]
 WEATHER = ToolSpec(
@@ -260,7 +261,7 @@ def test_error_mapping_inverts_the_server() -> None:
 def test_server_storage_outages_are_503_and_bad_json_never_500() -> None:
     import json
 
-    from gpuprompt.server._errors import error_response, validation_message
+    from gpuprompt.server.errors import error_response, validation_message
     from pydantic import BaseModel, ValidationError
 
     for error in (SessionStoreError("the session store at redis://h failed"), VectorStoreError("Milvus failed")):

@@ -26,7 +26,7 @@ from gpuprompt.context import ContextCache
 from gpuprompt.errors import ConfigurationError, EngineDeadError, EngineError, InputTypeError, InvalidInputError
 from gpuprompt.remote import RemoteClient, RemoteConfig, RemoteContextCache
 from gpuprompt.remote import _sessions as remote_sessions
-from gpuprompt.server._sessions_api import MAX_SESSION_ID_LENGTH, SESSION_KEY_PREFIX
+from gpuprompt.server.routes.sessions import MAX_SESSION_ID_LENGTH, SESSION_KEY_PREFIX
 from langchain_gpuprompt import ChatGPUPrompt, GPUPromptChatMessageHistory
 from llamaindex_gpuprompt import GPUPromptContextMemoryBlock
 

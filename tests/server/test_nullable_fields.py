@@ -13,8 +13,8 @@ from typing import Any
 
 import httpx
 import pytest
-from gpuprompt.server._schemas import EmbeddingRequest
-from gpuprompt.server._schemas_chat import (
+from gpuprompt.server.schemas import EmbeddingRequest
+from gpuprompt.server.schemas.chat import (
     ChatCompletionRequest,
     ChatMessage,
     CompletionRequest,

@@ -190,7 +190,7 @@ def test_without_the_vocabulary_token_ids_get_the_documented_400(tmp_path) -> No
     # A server that cannot load cl100k_base (offline, no cache): the 400 names the setting to change.
     code = (
         "from gpuprompt.server._token_ids import decode_token_ids\n"
-        "from gpuprompt.server._errors import ApiError\n"
+        "from gpuprompt.server.errors import ApiError\n"
         "try:\n"
         "    decode_token_ids([[15339, 1917]], accept=True)\n"
         "except ApiError as exc:\n"

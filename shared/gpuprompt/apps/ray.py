@@ -178,7 +178,7 @@ class RAGDeployment:
         from pydantic import ValidationError
         from starlette.responses import JSONResponse
 
-        from gpuprompt.server._errors import error_body, error_response, validation_message
+        from gpuprompt.server.errors import error_body, error_response, validation_message
 
         if request.method != "POST":
             body = error_body("POST a JSON object such as {\"question\": \"...\"}.", "invalid_request_error",
@@ -228,7 +228,7 @@ def _ask_model() -> Any:
 
         from pydantic import Field
 
-        from gpuprompt.server._schemas import ChatK, JSONObject, Name, Text, TokenCount, _Strict
+        from gpuprompt.server.schemas.base import ChatK, JSONObject, Name, Text, TokenCount, _Strict
 
         class AskRequest(_Strict):
             """``POST``: one RAG turn."""

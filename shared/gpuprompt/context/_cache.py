@@ -20,6 +20,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
+from gpuprompt.bridge import off_loop
 from gpuprompt.context._sync import StoreSync
 from gpuprompt.context._types import (
     MAX_SESSIONS_LIMIT,
@@ -38,7 +39,7 @@ if TYPE_CHECKING:
     import torch
 
     from gpuprompt.context.stores import SessionStore
-    from gpuprompt.embed import Embedder
+    from gpuprompt.protocols import EmbedderLike
 
 __all__ = ["ContextCache", "ContextStats", "Turn", "check_session_id"]
 
@@ -51,8 +52,8 @@ class ContextCache(StoreSync):
     instant of its session, even while other threads append to it.
 
     Example:
-        >>> from gpuprompt import ContextCache
-        >>> memory = ContextCache()
+        >>> from gpuprompt import connect
+        >>> memory = connect().context_cache()      # the process's shared cache over the shared embedder
         >>> memory.extend("s1", [("user", "I want a red dress in cotton."),
         ...                      ("assistant", "The Aurora dress is 100% cotton, 49 EUR."),
         ...                      ("user", "Do you ship to Norway?")])
@@ -61,7 +62,8 @@ class ContextCache(StoreSync):
         ['I want a red dress in cotton.', 'Do you ship to Norway?']
 
     Args:
-        embedder: the embedder for turns and queries (default: the runtime's shared embedder).
+        embedder: the embedder for turns and queries (an :class:`~gpuprompt.protocols.EmbedderLike`;
+            ``connect().context_cache()`` builds the cache over the process's shared embedder).
         max_sessions: most sessions kept, in ``[1, 100_000_000]``; the least recently used is
             evicted beyond it.
         ttl_seconds: a session untouched this long (a finite number > 0) is dropped; None keeps
@@ -84,7 +86,7 @@ class ContextCache(StoreSync):
 
     def __init__(
         self,
-        embedder: Embedder | None = None,
+        embedder: EmbedderLike,
         *,
         max_sessions: int = 10_000,
         ttl_seconds: float | None = 3600.0,
@@ -93,10 +95,13 @@ class ContextCache(StoreSync):
         clock: Callable[[], float] = time.monotonic,
         store: SessionStore | None = None,
     ) -> None:
-        if embedder is not None and not (
-            callable(getattr(embedder, "embed_tensor", None)) and callable(getattr(embedder, "aembed_tensor", None))
-        ):
-            raise fail("embedder", "a gpuprompt.Embedder or None", embedder, error=ConfigurationError)
+        if embedder is None:
+            raise ConfigurationError(
+                "ContextCache needs an embedder: ContextCache(connect().embedder(), ...), or connect().context_cache() "
+                "for the process's shared cache over the shared embedder."
+            )
+        if not (callable(getattr(embedder, "embed_tensor", None)) and callable(getattr(embedder, "aembed_tensor", None))):
+            raise fail("embedder", "a gpuprompt.Embedder (an EmbedderLike)", embedder, error=ConfigurationError)
         max_sessions = check_int(max_sessions, "max_sessions", min=1, max=MAX_SESSIONS_LIMIT, error=ConfigurationError)
         max_turns_per_session = check_int(
             max_turns_per_session, "max_turns_per_session", min=1, max=MAX_TURNS_LIMIT, error=ConfigurationError
@@ -126,12 +131,8 @@ class ContextCache(StoreSync):
         return f"<ContextCache sessions={len(self._sessions)} max_sessions={self.max_sessions} ttl={self.ttl_seconds}>"
 
     @property
-    def embedder(self) -> Embedder:
+    def embedder(self) -> EmbedderLike:
         """The embedder used for turns and queries."""
-        if self._embedder is None:
-            from gpuprompt.runtime import get_runtime
-
-            self._embedder = get_runtime().embedder()
         return self._embedder
 
     @property
@@ -180,7 +181,13 @@ class ContextCache(StoreSync):
     def _count(self, texts: list[str]) -> list[int]:
         """Token counts of ``texts``; a counter that returns anything but an int >= 0 is refused."""
         if self._token_counter is None:
-            counts = list(self.embedder._count_tokens(texts))
+            counter = getattr(self.embedder, "count_tokens", None)
+            if counter is None:
+                raise ConfigurationError(
+                    f"the embedder {self.embedder!r} counts no tokens: pass ContextCache(token_counter=...) for "
+                    "token budgets."
+                )
+            counts = list(counter(texts, truncate=False))
         else:
             counts = [self._token_counter(text) for text in texts]
         return [
@@ -330,6 +337,23 @@ class ContextCache(StoreSync):
             session = self._touch(session_id)
             return session.live() if session is not None else []
 
+    async def aturns(self, session_id: str) -> list[Turn]:
+        """Async :meth:`turns` (with a session store, off the event loop: the store is I/O)."""
+        if self._session_store is None:
+            return self.turns(session_id)
+        return await off_loop(self.turns, session_id)
+
+    @staticmethod
+    def check_session_id(value: Any, name: str = "session_id") -> str:
+        """``value`` if this cache accepts it as a session id (see :func:`gpuprompt.context.check_session_id`)."""
+        return check_session_id(value, name)
+
+    async def asessions(self) -> list[str]:
+        """Async :meth:`sessions`."""
+        if self._session_store is None:
+            return self.sessions()
+        return await off_loop(self.sessions)
+
     def sessions(self) -> list[str]:
         """The live session ids, least recently used first (with a store: the store's, least
         recently appended to first)."""
@@ -453,6 +477,13 @@ class ContextCache(StoreSync):
                 break
             del self._sessions[oldest_id]
             self._expired += 1
+
+    async def aclear(self, session_id: str | None = None) -> None:
+        """Async :meth:`clear` (with a session store, off the event loop)."""
+        if self._session_store is None:
+            self.clear(session_id)
+        else:
+            await off_loop(self.clear, session_id)
 
     def clear(self, session_id: str | None = None) -> None:
         """Forget one session, or every session when ``session_id`` is None (with a store: in the

@@ -368,9 +368,10 @@ class Embedder:
             ]
         return out
 
-    def count_tokens(self, texts: Sequence[str]) -> list[int]:
-        """Each text's token count as the model reads it: special tokens included, capped at
-        :attr:`max_length` (longer texts are truncated). Loads the model.
+    def count_tokens(self, texts: Sequence[str], *, truncate: bool = True) -> list[int]:
+        """Each text's token count: special tokens included, capped at :attr:`max_length` as the
+        model reads it (longer texts are truncated), or the whole text's with ``truncate=False``
+        (for budgets of text that is not embedded, such as a prompt). Loads the model.
 
         Raises:
             InputTypeError: ``texts`` is not a list of str.
@@ -379,8 +380,11 @@ class Embedder:
         self.load()
         if not texts:
             return []
+        counts = self._count_tokens(texts)
+        if not truncate:
+            return counts
         assert self._max_length is not None
-        return [min(n, self._max_length) for n in self._count_tokens(texts)]
+        return [min(n, self._max_length) for n in counts]
 
     def embed_tensor(self, texts: Sequence[str], *, priority: int = 0, show_progress: bool | None = None) -> torch.Tensor:
         """Embed ``texts`` and keep the result on the device.

@@ -12,8 +12,8 @@ from gpuprompt._lazy import lazy_exports
 if TYPE_CHECKING:
     from gpuprompt.llm._config import LLMConfig
     from gpuprompt.llm._engine import LLMEngine
-    from gpuprompt.llm._policy import CallPolicy
-    from gpuprompt.llm._tools import ToolCall, ToolCallDelta, ToolChoice, ToolSpec
+    from gpuprompt.llm._policy import CallPolicy, check_call_policy
+    from gpuprompt.llm._tools import ToolCall, ToolCallDelta, ToolChoice, ToolSpec, check_tool_choice
     from gpuprompt.llm._types import EngineStats, GenerationRequest, GenerationResult, StreamDelta, Timings, Usage
 
 _EXPORTS = {
@@ -30,6 +30,8 @@ _EXPORTS = {
     "ToolChoice": "gpuprompt.llm._tools",
     "ToolSpec": "gpuprompt.llm._tools",
     "Usage": "gpuprompt.llm._types",
+    "check_call_policy": "gpuprompt.llm._policy",
+    "check_tool_choice": "gpuprompt.llm._tools",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -7,21 +7,17 @@ are idempotent and retried like GETs; updates are not (the caller's answer is al
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from gpuprompt.answer_cache import AnswerCacheStats
-from gpuprompt.errors import ConfigurationError, EngineError, InvalidInputError
-from gpuprompt.remote._client import SERVICE, RemoteClient, shared_client
+from gpuprompt.errors import ConfigurationError, EngineError
+from gpuprompt.remote._client import SERVICE, RemoteClient, client_for
 from gpuprompt.remote._config import RemoteConfig
-from gpuprompt.validation import check_json, check_number, check_str
-from gpuprompt.wire import redact
+from gpuprompt.validation import check_number, check_str
+from gpuprompt.wire import MAX_ANSWER_BYTES, check_answer, redact
 
 __all__ = ["MAX_ANSWER_BYTES", "RemoteAnswerCache", "check_answer"]
 
-MAX_ANSWER_BYTES = 1024 * 1024
-"""Largest value, as compact UTF-8 JSON, here and on the server (far above any one model reply; it
-bounds the server cache's memory)."""
 
 _STATS = ("entries", "exact_hits", "similar_hits", "misses", "evicted", "expired")
 
@@ -70,12 +66,7 @@ class RemoteAnswerCache:
     ) -> None:
         self.score_threshold = check_number(score_threshold, "score_threshold", min=-1.0, max=1.0,
                                             error=ConfigurationError)
-        if client is None:
-            config = base_url if isinstance(base_url, RemoteConfig) else RemoteConfig(
-                base_url=base_url, api_key=api_key, **options)  # type: ignore[arg-type]
-            client = shared_client(config)
-        elif not isinstance(client, RemoteClient):
-            raise ConfigurationError(f"'client' must be a RemoteClient (got a {type(client).__name__}).")
+        client = client_for(base_url, api_key, client, options, owner="RemoteAnswerCache")
         self.client = client
         self._info: dict[str, Any] | None = None
 
@@ -221,22 +212,3 @@ def _update_body(prompt: Any, namespace: Any, value: Any, text: Any) -> dict[str
     body = _key(prompt, namespace, text)
     body["answer"] = check_answer(value, "value")
     return body
-
-
-def check_answer(value: Any, name: str) -> Any:
-    """Return a detached JSON copy of ``value`` if it can be cached remotely: JSON other than null
-    (a null would read back as a miss), nested at most 32 deep, at most :data:`MAX_ANSWER_BYTES`
-    as compact JSON. The one rule of both ends: this client and the server's ``/v1/cache/update``.
-
-    Raises:
-        InvalidInputError: anything else (the message names the part at fault).
-    """
-    answer = check_json(value, name)
-    if answer is None:
-        raise InvalidInputError(f"'{name}' must be a JSON value other than null (got None): a cached null would "
-                                "read back as a miss; cache a value such as {\"answer\": null} instead.")
-    size = len(json.dumps(answer, ensure_ascii=False, separators=(",", ":")).encode("utf-8"))
-    if size > MAX_ANSWER_BYTES:
-        raise InvalidInputError(f"'{name}' must be at most {MAX_ANSWER_BYTES} bytes as JSON (got {size} bytes); "
-                                "cache a shorter answer or a reference to it.")
-    return answer

@@ -7,9 +7,11 @@ import threading
 from typing import Any
 
 from gpuprompt._http import HttpClient
-from gpuprompt.remote._config import RemoteConfig
+from gpuprompt.errors import ConfigurationError
+from gpuprompt.remote._config import RemoteConfig, resolve_remote
+from gpuprompt.validation import fail
 
-__all__ = ["SERVICE", "RemoteClient", "shared_client"]
+__all__ = ["SERVICE", "RemoteClient", "client_for", "shared_client"]
 
 SERVICE = "gpuprompt serve"
 """What messages call the server."""
@@ -70,3 +72,36 @@ def shared_client(config: RemoteConfig, *, transport: Any = None) -> RemoteClien
         if client is None or client.closed:
             client = _shared[key] = RemoteClient(config, transport=transport)
         return client
+
+
+def client_for(base_url: Any, api_key: Any, client: Any, options: dict[str, Any], *, owner: str) -> RemoteClient:
+    """The client a remote class's arguments name: ``client`` itself, the shared client of a
+    :class:`RemoteConfig`, or of ``base_url`` / ``api_key`` (else ``GPUPROMPT_URL``) and ``options``
+    (further :class:`RemoteConfig` fields).
+
+    Raises:
+        ConfigurationError: both a client and a server, no server at all, or malformed settings.
+    """
+    if client is not None:
+        if not isinstance(client, RemoteClient):
+            raise fail("client", "a RemoteClient", client, error=ConfigurationError)
+        if base_url is not None or api_key is not None or options:
+            raise ConfigurationError(f"pass either 'client' or a server (base_url, api_key, options) to {owner}, "
+                                     "not both.")
+        return client
+    if isinstance(base_url, RemoteConfig):
+        if api_key is not None or options:
+            raise ConfigurationError("a RemoteConfig carries its own api_key and options: pass them in it.")
+        return shared_client(base_url)
+    if base_url is not None and not isinstance(base_url, str):
+        raise fail("base_url", "a URL such as 'http://127.0.0.1:8000', a RemoteConfig or None", base_url,
+                   error=ConfigurationError)
+    config = resolve_remote(base_url, api_key, owner=owner)
+    if config is None:
+        raise ConfigurationError(
+            f"{owner} needs a server: pass base_url='http://host:port' of a running `gpuprompt serve` (or set "
+            "GPUPROMPT_URL), or use the in-process class."
+        )
+    if options:
+        config = RemoteConfig(base_url=config.base_url, api_key=config.api_key, **options)
+    return shared_client(config)

@@ -134,6 +134,7 @@ def resolve_remote(
     *,
     owner: str,
     local_options: Mapping[str, tuple[Any, Any]] = {},
+    timeout: Any = None,
     environ: Mapping[str, str] | None = None,
 ) -> RemoteConfig | None:
     """The server an adapter class talks to, or None for in-process mode.
@@ -148,6 +149,9 @@ def resolve_remote(
         owner: the class's name, for messages.
         local_options: ``name -> (value, default)`` of the options that only configure a local
             model (device, backend, quantize, ...): any not at its default is refused remotely.
+        timeout: seconds every request to the server may wait for an answer (the model-list
+            probe, embeddings, records, sessions and each piece of a generation alike); None
+            reads ``GPUPROMPT_TIMEOUT``, else the defaults of :class:`RemoteConfig` apply.
         environ: the environment to read (default ``os.environ``).
 
     Raises:
@@ -177,4 +181,14 @@ def resolve_remote(
             f"and batching). Drop them, or drop base_url{' (unset ' + ENV_URL + ')' if source != 'base_url' else ''} "
             "to run in process."
         )
-    return RemoteConfig(base_url=base_url, api_key=key)
+    if timeout is None and env.get(ENV_TIMEOUT, "").strip():
+        raw = env[ENV_TIMEOUT].strip()
+        try:
+            timeout = float(raw)
+        except ValueError:
+            raise ConfigurationError(f"{ENV_TIMEOUT} must be a number of seconds (got {raw!r}).") from None
+    if timeout is None:
+        return RemoteConfig(base_url=base_url, api_key=key)
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
+        raise ConfigurationError(f"'timeout' must be a number of seconds > 0 or None (got {describe(timeout)}).")
+    return RemoteConfig(base_url=base_url, api_key=key, read_timeout=timeout, generation_timeout=timeout)

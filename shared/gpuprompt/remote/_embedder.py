@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from gpuprompt.errors import ClosedError, ConfigurationError, EngineError, GPUPromptError
-from gpuprompt.remote._client import SERVICE, RemoteClient, shared_client
+from gpuprompt.remote._client import SERVICE, RemoteClient, client_for
 from gpuprompt.remote._config import RemoteConfig
 from gpuprompt.wire import MAX_EMBEDDING_INPUTS, decode_vectors, redact
 
@@ -58,12 +58,7 @@ class RemoteEmbedder:
         client: RemoteClient | None = None,
         **options: Any,
     ) -> None:
-        if client is None:
-            config = base_url if isinstance(base_url, RemoteConfig) else RemoteConfig(
-                base_url=base_url, api_key=api_key, **options)  # type: ignore[arg-type]
-            client = shared_client(config)
-        elif not isinstance(client, RemoteClient):
-            raise ConfigurationError(f"'client' must be a RemoteClient (got a {type(client).__name__}).")
+        client = client_for(base_url, api_key, client, options, owner="RemoteEmbedder")
         if model is not None and (not isinstance(model, str) or not model):
             raise ConfigurationError(f"'model' must be None or a non-empty str (got a {type(model).__name__}).")
         self.client = client

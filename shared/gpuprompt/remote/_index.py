@@ -35,21 +35,22 @@ from gpuprompt.errors import (
     RequestTimeoutError,
     describe,
 )
-from gpuprompt.index._checks import check_filter, check_id_list, check_upsert, is_tensor
+from gpuprompt.embed import validate_texts
+from gpuprompt.index._checks import check_filter, check_id_list, check_k, check_upsert, is_tensor
 from gpuprompt.index._config import MAX_DIM, check_embedder_args
 from gpuprompt.index._groups import GroupSearchMixin
 from gpuprompt.index._mmr import check_mmr, check_one_query
 from gpuprompt.index._search import SearchRequest, make_request, request_cost
 from gpuprompt.index._types import Hit, IndexStats, Record
-from gpuprompt.remote._client import SERVICE, RemoteClient, shared_client
-from gpuprompt.remote._config import RemoteConfig, resolve_remote
+from gpuprompt.remote._client import SERVICE, RemoteClient, client_for
+from gpuprompt.remote._config import RemoteConfig
 from gpuprompt.validation import check_choice, check_int, check_number, check_str, fail
 from gpuprompt.wire import COLLECTION_NAME_PATTERN, MAX_IDS_PER_REQUEST, MAX_RECORDS_PER_REQUEST, encode_vectors, redact
 
 if TYPE_CHECKING:
     from gpuprompt.index._checks import Upsert
 
-__all__ = ["COLLECTION_NAME_PATTERN", "RemoteIndex", "remote_index"]
+__all__ = ["COLLECTION_NAME_PATTERN", "RemoteIndex"]
 
 """Server collection names (the server's own pattern, repeated here so no server module is imported)."""
 METRICS = ("cosine", "ip", "l2")
@@ -148,7 +149,7 @@ class RemoteIndex(GroupSearchMixin):
             "max_wait_ms": check_number(max_wait_ms, "max_wait_ms", min=0, max=10_000, error=ConfigurationError),
             "max_queue": check_int(max_queue, "max_queue", min=1, error=ConfigurationError),
         }
-        self.client = _client_for(base_url, api_key, client, options)
+        self.client = client_for(base_url, api_key, client, options, owner="RemoteIndex")
         self.collection = collection
         self._metric = metric
         self._path = f"/collections/{collection}/records"
@@ -437,6 +438,28 @@ class RemoteIndex(GroupSearchMixin):
         answers = await asyncio.gather(*(asyncio.wrap_future(future) for future in futures))
         return [hits for answer in answers for hits in answer]
 
+    def search_text(self, queries: Sequence[str], k: int, filter: Mapping[str, Any] | None = None) -> list[list[Hit]]:
+        """The ``k`` best records for each query text, embedded and searched by the server in one
+        request (:class:`~gpuprompt.protocols.TextSearchLike`: the text travels once, its vector
+        never). The same hits as embedding with the server's embedder and calling :meth:`search`.
+
+        Raises:
+            InputTypeError, InvalidInputError: a bad text list, ``k`` or filter (nothing is sent).
+        """
+        request = self._text_request(queries, k, filter)
+        return [] if not request.texts else self._submit(request).result()
+
+    async def asearch_text(self, queries: Sequence[str], k: int,
+                           filter: Mapping[str, Any] | None = None) -> list[list[Hit]]:
+        """Async :meth:`search_text` (batched with other searches of this process)."""
+        await self._aready()
+        request = self._text_request(queries, k, filter)
+        return [] if not request.texts else await asyncio.wrap_future(self._submit(request))
+
+    def _text_request(self, queries: Any, k: Any, filter: Any) -> TextSearch:
+        texts = validate_texts(queries, name="queries")
+        return TextSearch(texts, check_k(k), filter, check_filter(filter))
+
     def mmr(
         self, query: Any, k: int = 4, fetch_k: int = 20, lambda_mult: float = 0.5, filter: Mapping[str, Any] | None = None
     ) -> list[Hit]:
@@ -559,87 +582,6 @@ class RemoteIndex(GroupSearchMixin):
 
 
 # ---------------------------------------------------------------------- helpers
-def remote_index(
-    base_url: str | None,
-    api_key: Any,
-    collection: str | None,
-    *,
-    owner: str,
-    index: Any = None,
-    dim: int | None = None,
-    metric: str = "cosine",
-    local_options: Mapping[str, tuple[Any, Any]] = {},
-) -> RemoteIndex | None:
-    """The :class:`RemoteIndex` a vector store's arguments name, or None to keep its index in process.
-
-    A store is remote when it names a server collection (``collection=``) or a server
-    (``base_url=`` / ``api_key=``); the server is ``base_url``, else ``GPUPROMPT_URL`` (with
-    ``GPUPROMPT_API_KEY``). ``GPUPROMPT_URL`` alone keeps the index in process (remote embeddings
-    may still feed it): a server collection is shared and outlives the process, so it is never
-    chosen implicitly.
-
-    Args:
-        base_url: the store's ``base_url`` argument, or None.
-        api_key: its ``api_key`` (a str, a pydantic ``SecretStr``, or None).
-        collection: its ``collection`` argument, or None.
-        owner: the store class's name, for messages.
-        index: its ``index`` argument (an index given is never combined with a server).
-        dim: the dimension expected, or None for the server's.
-        metric: the metric expected.
-        local_options: ``name -> (value, default)`` of the options that only configure an
-            in-process index: any not at its default is refused with a server.
-
-    Raises:
-        ConfigurationError: a server without a collection, a collection without a server, a
-            server together with ``index``, an in-process option, or a malformed URL / key / name.
-    """
-    if base_url is None and api_key is None and collection is None:
-        return None
-    if index is not None:
-        raise ConfigurationError(
-            f"{owner} got index= together with a server collection (base_url, api_key or collection): pass one of "
-            "them; a RemoteIndex can be passed as index= itself."
-        )
-    config = resolve_remote(base_url, api_key, owner=owner, local_options=local_options)
-    if config is None:
-        raise ConfigurationError(
-            f"{owner} got collection={collection!r}, a collection of a running `gpuprompt serve`, but no server: "
-            "pass base_url='http://host:port' (or set GPUPROMPT_URL), or drop collection to keep the index in process."
-        )
-    if collection is None:
-        raise ConfigurationError(
-            f"{owner} got a server ({config.shown_url!r}) but no collection: pass collection='name', the server "
-            "collection to use (its first add creates it; GET /v1/collections lists them)."
-        )
-    return RemoteIndex(config, collection=collection, dim=dim, metric=metric)
-
-
-def _client_for(base_url: Any, api_key: Any, client: Any, options: dict[str, Any]) -> RemoteClient:
-    if client is not None:
-        if not isinstance(client, RemoteClient):
-            raise fail("client", "a RemoteClient", client, error=ConfigurationError)
-        if base_url is not None or api_key is not None or options:
-            raise ConfigurationError("pass either 'client' or a server (base_url, api_key, options) to RemoteIndex, "
-                                     "not both.")
-        return client
-    if isinstance(base_url, RemoteConfig):
-        if api_key is not None or options:
-            raise ConfigurationError("a RemoteConfig carries its own api_key and options: pass them in it.")
-        return shared_client(base_url)
-    if base_url is not None and not isinstance(base_url, str):
-        raise fail("base_url", "a URL such as 'http://127.0.0.1:8000', a RemoteConfig or None", base_url,
-                   error=ConfigurationError)
-    config = resolve_remote(base_url, api_key, owner="RemoteIndex")
-    if config is None:
-        raise ConfigurationError(
-            "RemoteIndex needs a server: pass base_url='http://host:port' of a running `gpuprompt serve` (or set "
-            "GPUPROMPT_URL), or use an in-process gpuprompt.VectorIndex."
-        )
-    if options:
-        config = RemoteConfig(base_url=config.base_url, api_key=config.api_key, **options)
-    return shared_client(config)
-
-
 def _size(value: Any) -> int:
     size = getattr(value, "size", None)
     if callable(size):  # a torch tensor's size() is its shape
@@ -684,7 +626,24 @@ def _upsert_bodies(upsert: Upsert, embedder: str | None, allow_other: bool) -> I
         start = end
 
 
-def _search_body(request: SearchRequest) -> dict[str, Any]:
+@dataclass(frozen=True)
+class TextSearch:
+    """A queued search by query texts (the server embeds them)."""
+
+    texts: list[str]
+    k: int
+    filter: Mapping[str, Any] | None
+    key: str | None
+    mmr: tuple[int, float] | None = None
+
+
+def _cost(request: SearchRequest | TextSearch) -> int:
+    return len(request.texts) if isinstance(request, TextSearch) else request_cost(request)
+
+
+def _search_body(request: SearchRequest | TextSearch) -> dict[str, Any]:
+    if isinstance(request, TextSearch):
+        return {"texts": request.texts, "k": request.k, "filter": request.filter}
     body: dict[str, Any] = {"queries": _b64(request.queries), "k": request.k, "filter": request.filter}
     if request.mmr is not None:
         body["mmr"] = {"k": request.mmr[0], "lambda_mult": request.mmr[1]}
@@ -738,7 +697,7 @@ def _batcher(index: RemoteIndex, max_batch_cost: int) -> MicroBatcher[SearchRequ
     batcher: MicroBatcher[SearchRequest, Any] = MicroBatcher(
         run,
         name="remote-search",
-        cost=request_cost,
+        cost=_cost,
         max_batch_cost=max_batch_cost,
         # Only a refused search is worth isolating; a busy, slow or gone server fails the whole batch.
         fatal=(EngineError, ClosedError, QueueFullError, RequestTimeoutError),

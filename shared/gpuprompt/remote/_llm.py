@@ -27,7 +27,7 @@ from gpuprompt.errors import (
 from gpuprompt.llm._policy import CallPolicy
 from gpuprompt.llm._tools import ToolCall, ToolCallDelta
 from gpuprompt.llm._types import EngineStats, GenerationRequest, GenerationResult, StreamDelta, Timings, Usage
-from gpuprompt.remote._client import SERVICE, RemoteClient, shared_client
+from gpuprompt.remote._client import SERVICE, RemoteClient, client_for
 from gpuprompt.remote._config import RemoteConfig
 from gpuprompt.remote._embedder import _health, _model_ids, _served_model
 from gpuprompt.wire import SESSION_HEADER, redact, request_body
@@ -168,12 +168,7 @@ class RemoteLLM:
         client: RemoteClient | None = None,
         **options: Any,
     ) -> None:
-        if client is None:
-            config = base_url if isinstance(base_url, RemoteConfig) else RemoteConfig(
-                base_url=base_url, api_key=api_key, **options)  # type: ignore[arg-type]
-            client = shared_client(config)
-        elif not isinstance(client, RemoteClient):
-            raise ConfigurationError(f"'client' must be a RemoteClient (got a {type(client).__name__}).")
+        client = client_for(base_url, api_key, client, options, owner="RemoteLLM")
         if model is not None and (not isinstance(model, str) or not model):
             raise ConfigurationError(f"'model' must be None or a non-empty str (got {describe(model)}).")
         if isinstance(context_window, bool) or not isinstance(context_window, int) or context_window < 16:

@@ -14,8 +14,8 @@ from urllib.parse import quote
 
 from gpuprompt.context import MAX_SESSION_ID_LENGTH as _CACHE_KEY_LENGTH
 from gpuprompt.context import ContextCache, Turn
-from gpuprompt.errors import ConfigurationError, EngineError
-from gpuprompt.remote._client import SERVICE, RemoteClient, shared_client
+from gpuprompt.errors import EngineError
+from gpuprompt.remote._client import SERVICE, RemoteClient, client_for
 from gpuprompt.remote._config import RemoteConfig
 from gpuprompt.validation import INT64_MAX, check_str
 from gpuprompt.wire import MAX_TURNS_PER_REQUEST, redact
@@ -24,7 +24,7 @@ __all__ = ["MAX_REMOTE_SESSION_ID_LENGTH", "MAX_TURNS_PER_REQUEST", "RemoteConte
 
 MAX_REMOTE_SESSION_ID_LENGTH = _CACHE_KEY_LENGTH - 2
 """Longest session id in remote mode (1022): the server keys these sessions ``"@/<id>"`` (see
-``gpuprompt.server._sessions_api``), within the cache's limit of 1024 characters."""
+``gpuprompt.server.routes.sessions``), within the cache's limit of 1024 characters."""
 
 
 class RemoteContextCache:
@@ -65,12 +65,7 @@ class RemoteContextCache:
         client: RemoteClient | None = None,
         **options: Any,
     ) -> None:
-        if client is None:
-            config = base_url if isinstance(base_url, RemoteConfig) else RemoteConfig(
-                base_url=base_url, api_key=api_key, **options)  # type: ignore[arg-type]
-            client = shared_client(config)
-        elif not isinstance(client, RemoteClient):
-            raise ConfigurationError(f"'client' must be a RemoteClient (got a {type(client).__name__}).")
+        client = client_for(base_url, api_key, client, options, owner="RemoteContextCache")
         self.client = client
 
     def __repr__(self) -> str:

@@ -1,7 +1,8 @@
 r"""``gpuprompt serve``: an OpenAI-compatible HTTP API over the batched core (the ``server`` extra).
 
 Routes: ``GET /v1/models``, ``POST /v1/embeddings``, ``POST /v1/chat/completions`` (tools, JSON
-output, SSE streaming), ``POST /v1/completions``, collections (``/v1/collections/{name}/documents | query | chat``), ``GET /health``,
+output, SSE streaming), ``POST /v1/completions``, collections (``/v1/collections/{name}/documents | records | query | chat``), sessions, the
+answer cache, ``GET /health``,
 ``GET /metrics`` (Prometheus). Needs fastapi, uvicorn and prometheus-client:
 ``pip install 'gpuprompt[server]'``.
 
@@ -17,8 +18,18 @@ Example, against ``gpuprompt serve --port 8000``::
 
 from __future__ import annotations
 
-from gpuprompt.server._app import create_app
-from gpuprompt.server._config import ServerConfig
-from gpuprompt.server._serve import serve
+from typing import TYPE_CHECKING
 
-__all__ = ["ServerConfig", "create_app", "serve"]
+from gpuprompt._lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from gpuprompt.server._config import ServerConfig
+    from gpuprompt.server._serve import serve
+    from gpuprompt.server.app import create_app
+
+_EXPORTS = {"ServerConfig": "gpuprompt.server._config", "create_app": "gpuprompt.server.app",
+            "serve": "gpuprompt.server._serve"}
+
+__all__ = sorted(_EXPORTS)
+
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from gpuprompt.bridge import off_loop
 from gpuprompt.errors import ConfigurationError
 from gpuprompt.index.durable import CollectionDropped, CollectionLog, DataDir, encode_delete, encode_upsert, purge
-from gpuprompt.server._errors import ApiError
+from gpuprompt.server.errors import ApiError
 from gpuprompt.wire import COLLECTION_NAME_PATTERN
 
 logger = logging.getLogger("gpuprompt.server")

@@ -13,7 +13,7 @@ import time
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
-from gpuprompt.server._errors import error_body
+from gpuprompt.server.errors import error_body
 from gpuprompt.server._metrics import Metrics
 
 __all__ = ["Gate"]

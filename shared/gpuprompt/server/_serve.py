@@ -93,7 +93,7 @@ def serve(
     import uvicorn
 
     from gpuprompt.runtime import get_runtime
-    from gpuprompt.server._app import create_app
+    from gpuprompt.server.app import create_app
 
     config = ServerConfig(
         api_key=api_key,

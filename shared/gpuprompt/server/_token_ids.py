@@ -24,7 +24,7 @@ import threading
 from typing import Any
 
 from gpuprompt.errors import ConfigurationError
-from gpuprompt.server._errors import ApiError
+from gpuprompt.server.errors import ApiError
 
 __all__ = ["MAX_IDS_PER_INPUT", "MAX_IDS_PER_REQUEST", "TOKEN_IDS_FIX", "decode_token_ids", "load_encoding"]
 

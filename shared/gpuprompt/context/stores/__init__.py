@@ -1,6 +1,6 @@
 """Session stores for :class:`~gpuprompt.ContextCache`: conversations that survive a replica.
 
-A ``ContextCache(store=...)`` writes each turn through to the store (role, text, token count and the
+A ``ContextCache(embedder, store=...)`` writes each turn through to the store (role, text, token count and the
 turn's embedding as float32 bytes) before it acknowledges it, and loads a session lazily, on its
 first use in a process, with the stored embeddings: any replica continues any conversation, and no
 turn is embedded twice. Without a store (the default) sessions live in the cache's process only.
@@ -10,11 +10,11 @@ How to run it::
     # a Redis server (Debian: apt-get install redis-server; or any Redis >= 6.2 / Valkey)
     redis-server --bind 127.0.0.1 --port 6379 --appendonly yes
 
-    from gpuprompt import ContextCache
+    from gpuprompt import connect
     from gpuprompt.context.stores import RedisStore
 
     store = RedisStore("redis://127.0.0.1:6379/0", ttl_s=3600)   # pip install 'gpuprompt[redis]'
-    memory = ContextCache(store=store)          # same URL and embedder in every replica
+    memory = connect().context_cache(store=store)   # same URL and embedder in every replica
     memory.append("customer-42", "user", "Do you ship to Norway?")
     memory.window("customer-42", query="how long is delivery?")
 

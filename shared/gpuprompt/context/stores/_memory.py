@@ -33,7 +33,8 @@ class MemoryStore:
         >>> from gpuprompt import ContextCache
         >>> from gpuprompt.context.stores import MemoryStore
         >>> store = MemoryStore()
-        >>> a, b = ContextCache(store=store), ContextCache(store=store)
+        >>> emb = connect().embedder()
+        >>> a, b = ContextCache(emb, store=store), ContextCache(emb, store=store)
         >>> _ = a.append("s1", "user", "Do you ship to Norway?")
         >>> [t.text for t in b.turns("s1")]
         ['Do you ship to Norway?']

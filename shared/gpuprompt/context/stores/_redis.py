@@ -93,7 +93,7 @@ class RedisStore:
     Example:
         >>> from gpuprompt import ContextCache
         >>> from gpuprompt.context.stores import RedisStore
-        >>> memory = ContextCache(store=RedisStore("redis://127.0.0.1:6379/0", ttl_s=3600))
+        >>> memory = connect().context_cache(store=RedisStore("redis://127.0.0.1:6379/0", ttl_s=3600))
         >>> _ = memory.append("customer-42", "user", "Do you ship to Norway?")   # in replica A
         >>> # ... replica B, another process or machine, same URL and embedder:
         >>> [t.text for t in memory.window("customer-42", query="delivery time?")]

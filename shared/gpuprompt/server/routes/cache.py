@@ -23,19 +23,16 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-from typing import TYPE_CHECKING, Annotated, Any, Literal
+from typing import Annotated, Any, Literal
 
-from fastapi import FastAPI
+from fastapi import APIRouter
 from fastapi.responses import Response
-from pydantic import AfterValidator, BaseModel
-
-from gpuprompt.answer_cache import DEFAULT_MAX_ENTRIES, DEFAULT_TTL_SECONDS, AnswerCache
-from gpuprompt.remote._answer_cache import MAX_ANSWER_BYTES, check_answer
+from gpuprompt.answer_cache import DEFAULT_MAX_ENTRIES, DEFAULT_TTL_SECONDS
 from gpuprompt.server._http import json_response
-from gpuprompt.server._schemas import Text, _number, _run, _Strict
-
-if TYPE_CHECKING:
-    from gpuprompt.server._app import _Server
+from gpuprompt.server.schemas.base import Text, _number, _run, _Strict
+from gpuprompt.server.state import State
+from gpuprompt.wire import MAX_ANSWER_BYTES, check_answer
+from pydantic import AfterValidator, BaseModel
 
 __all__ = [
     "MAX_ANSWER_BYTES",
@@ -47,7 +44,7 @@ __all__ = [
     "LookupRequest",
     "LookupResponse",
     "UpdateRequest",
-    "add_cache_routes",
+    "router",
     "namespace_key",
 ]
 
@@ -89,7 +86,7 @@ class UpdateRequest(_Strict):
     namespace: Text
     """As in :class:`LookupRequest`."""
     prompt: Text
-    """The prompt it answers."""
+    """The prompt it server.answers."""
     text: Text | None = None
     """As in :class:`LookupRequest`."""
     answer: Answer
@@ -140,47 +137,44 @@ class CacheInfo(BaseModel):
 
 
 # ---------------------------------------------------------------------- routes
-def add_cache_routes(app: FastAPI, server: _Server) -> None:
-    """Register the ``/v1/cache`` routes on ``app``, over one new AnswerCache on ``server.embedder``
-    (kept as ``app.state.answer_cache``)."""
-    answers: AnswerCache[Any] = AnswerCache(server.embedder, max_entries=MAX_ENTRIES, ttl_seconds=TTL_SECONDS)
-    app.state.answer_cache = answers
+router = APIRouter()
 
-    @app.post("/v1/cache/lookup", response_model=LookupResponse, tags=["cache"])
-    async def lookup(body: LookupRequest) -> Response:
-        """The answer cached for ``prompt`` in ``namespace``, or for its most similar cached prompt
-        there when at least ``score_threshold`` similar (only then is the text embedded, batched
-        with every concurrent request)."""
-        found = await answers.alookup(body.prompt, namespace_key(body.namespace), text=body.text,
-                                      score_threshold=body.score_threshold)
-        return json_response(LookupResponse(hit=found is not None, answer=found))
+@router.post("/v1/cache/lookup", response_model=LookupResponse, tags=["cache"])
+async def lookup(server: State, body: LookupRequest) -> Response:
+    """The answer cached for ``prompt`` in ``namespace``, or for its most similar cached prompt
+    there when at least ``score_threshold`` similar (only then is the text embedded, batched
+    with every concurrent request)."""
+    found = await server.answers.alookup(body.prompt, namespace_key(body.namespace), text=body.text,
+                                  score_threshold=body.score_threshold)
+    return json_response(LookupResponse(hit=found is not None, answer=found))
 
-    @app.post("/v1/cache/update", response_model=CacheCleared, tags=["cache"])
-    async def update(body: UpdateRequest) -> Response:
-        """Cache ``answer`` for ``prompt`` in ``namespace`` (the text is embedded once, here)."""
-        await answers.aupdate(body.prompt, namespace_key(body.namespace), body.answer, text=body.text)
-        return json_response(CacheCleared(object="cache.updated", namespace=body.namespace))
+@router.post("/v1/cache/update", response_model=CacheCleared, tags=["cache"])
+async def update(server: State, body: UpdateRequest) -> Response:
+    """Cache ``answer`` for ``prompt`` in ``namespace`` (the text is embedded once, here)."""
+    await server.answers.aupdate(body.prompt, namespace_key(body.namespace), body.answer, text=body.text)
+    return json_response(CacheCleared(object="cache.updated", namespace=body.namespace))
 
-    @app.post("/v1/cache/clear", response_model=CacheCleared, tags=["cache"])
-    async def clear_namespace(body: ClearNamespaceRequest) -> Response:
-        """Forget every answer of one namespace (an unknown one too: clearing is idempotent)."""
-        await asyncio.to_thread(answers.clear, namespace_key(body.namespace))
-        return json_response(CacheCleared(object="cache.cleared", namespace=body.namespace))
+@router.post("/v1/cache/clear", response_model=CacheCleared, tags=["cache"])
+async def clear_namespace(server: State, body: ClearNamespaceRequest) -> Response:
+    """Forget every answer of one namespace (an unknown one too: clearing is idempotent)."""
+    await asyncio.to_thread(server.answers.clear, namespace_key(body.namespace))
+    return json_response(CacheCleared(object="cache.cleared", namespace=body.namespace))
 
-    @app.delete("/v1/cache", response_model=CacheCleared, tags=["cache"])
-    async def clear_all() -> Response:
-        """Forget every answer of every namespace (for every client of this server)."""
-        await asyncio.to_thread(answers.clear)
-        return json_response(CacheCleared(object="cache.cleared"))
+@router.delete("/v1/cache", response_model=CacheCleared, tags=["cache"])
+async def clear_all(server: State) -> Response:
+    """Forget every answer of every namespace (for every client of this server)."""
+    await asyncio.to_thread(server.answers.clear)
+    return json_response(CacheCleared(object="cache.cleared"))
 
-    @app.get("/v1/cache", response_model=CacheInfo, tags=["cache"])
-    async def info() -> Response:
-        """The cache's counters and bounds."""
-        stats = answers.stats()
-        return json_response(
-            CacheInfo(
-                entries=stats.entries, exact_hits=stats.exact_hits, similar_hits=stats.similar_hits,
-                misses=stats.misses, evicted=stats.evicted, expired=stats.expired, max_entries=answers.max_entries,
-                ttl_seconds=answers.ttl_seconds, max_answer_bytes=MAX_ANSWER_BYTES,
-            )
+@router.get("/v1/cache", response_model=CacheInfo, tags=["cache"])
+async def info(server: State) -> Response:
+    """The cache's counters and bounds."""
+    stats = server.answers.stats()
+    return json_response(
+        CacheInfo(
+            entries=stats.entries, exact_hits=stats.exact_hits, similar_hits=stats.similar_hits,
+            misses=stats.misses, evicted=stats.evicted, expired=stats.expired, max_entries=server.answers.max_entries,
+            ttl_seconds=server.answers.ttl_seconds, max_answer_bytes=MAX_ANSWER_BYTES,
         )
+    )
+

@@ -12,7 +12,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, Field, field_validator, model_validator
 
-from gpuprompt.server._schemas import (
+from gpuprompt.server.schemas.base import (
     MAX_STOP,
     Choices,
     JSONObject,

@@ -1,4 +1,4 @@
-"""Pydantic request and response models of the HTTP API.
+"""The building blocks of the HTTP API's pydantic models: bounded field types and the request bases.
 
 The OpenAI-compatible requests ignore unknown fields (builders send vendor extras); every known
 field that changes the output reaches the core or is refused (see ``_schemas_chat.py`` for the
@@ -24,7 +24,7 @@ from collections.abc import Callable
 from functools import cache
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
 from gpuprompt.batching import PRIORITY_MAX, PRIORITY_MIN, check_priority
 from gpuprompt.validation import (
@@ -37,24 +37,27 @@ from gpuprompt.validation import (
     check_number,
     check_text,
 )
-from gpuprompt.wire import MAX_DOCUMENTS_PER_REQUEST, MAX_EMBEDDING_INPUTS, MAX_TOKENS_LIMIT
+from gpuprompt.wire import MAX_TOKENS_LIMIT
 
 __all__ = [
-    "AddDocumentsRequest",
-    "AddDocumentsResponse",
-    "CollectionChatRequest",
-    "CollectionChatResponse",
-    "CollectionInfo",
-    "CollectionList",
-    "DeleteDocumentsRequest",
-    "EmbeddingRequest",
-    "EmbeddingResponse",
-    "HealthResponse",
-    "HitModel",
-    "ModelCard",
-    "ModelList",
-    "QueryRequest",
-    "QueryResponse",
+    "MAX_MODEL_NAME_LENGTH",
+    "MAX_NAME_LENGTH",
+    "MAX_STOP",
+    "ChatK",
+    "Choices",
+    "Dimensions",
+    "FilterObject",
+    "JSONObject",
+    "Metadata",
+    "ModelName",
+    "Name",
+    "Priority",
+    "QueryK",
+    "Seed",
+    "Temperature",
+    "Text",
+    "TokenCount",
+    "TopP",
     "UsageModel",
 ]
 
@@ -229,203 +232,3 @@ class ModelList(BaseModel):
     object: Literal["list"] = "list"
     data: list[ModelCard]
     """The served models: the chat model, then the embedding model."""
-
-
-# ---------------------------------------------------------------------- embeddings
-class EmbeddingRequest(_OpenAIRequest):
-    """``POST /v1/embeddings``."""
-
-    input: Text | list[Text] | list[int] | list[list[int]]
-    """A text or a list of texts; token ids (tiktoken ``cl100k_base``) are read back to text when exact."""
-    model: ModelName | None = None
-    """The embedding model (see ``GET /v1/models``); None for the served one."""
-    encoding_format: Literal["float", "base64"] = "float"
-    """``"float"`` lists, or ``"base64"`` of little-endian float32 bytes."""
-    dimensions: Dimensions | None = None
-    """Must equal the model's dimension when given (no truncation)."""
-    user: Text | None = None
-    """Ignored."""
-
-    @field_validator("input")
-    @classmethod
-    def _count(cls, value: Any) -> Any:
-        if isinstance(value, list):
-            if not value:
-                raise ValueError("must hold at least one text (got an empty list)")
-            if len(value) > MAX_EMBEDDING_INPUTS:
-                raise ValueError(f"must hold at most {MAX_EMBEDDING_INPUTS} texts (got {len(value)}); split the request")
-        return value
-
-
-class EmbeddingItem(BaseModel):
-    """One embedding."""
-
-    object: Literal["embedding"] = "embedding"
-    index: int
-    """The input's position."""
-    embedding: list[float] | str
-    """The vector (float list, or base64 float32)."""
-
-
-class EmbeddingResponse(BaseModel):
-    """The answer to ``POST /v1/embeddings``."""
-
-    object: Literal["list"] = "list"
-    data: list[EmbeddingItem]
-    model: str
-    usage: UsageModel
-
-
-# ---------------------------------------------------------------------- collections
-class HitModel(BaseModel):
-    """One retrieved record."""
-
-    id: str
-    """The record's id."""
-    score: float
-    """Cosine similarity (higher is better)."""
-    document: str | None = None
-    """The record's text."""
-    metadata: dict[str, Any] = Field(default_factory=dict)
-    """The record's metadata."""
-
-
-class AddDocumentsRequest(_Strict):
-    """``POST /v1/collections/{name}/documents``: upsert texts (embedded by the server)."""
-
-    documents: list[Text] = Field(min_length=1, max_length=MAX_DOCUMENTS_PER_REQUEST)
-    """The texts (at most ``MAX_DOCUMENTS_PER_REQUEST`` per request)."""
-    ids: list[Name] | None = None
-    """One id per text (an existing id is replaced); None generates ids."""
-    metadatas: list[Metadata] | None = None
-    """One metadata object per text (JSON values, nested at most ``MAX_DEPTH`` deep), or None."""
-
-    @field_validator("ids")
-    @classmethod
-    def _ids(cls, value: list[str] | None) -> list[str] | None:
-        if value is not None and len(set(value)) != len(value):
-            raise ValueError("must not repeat an id within one request")
-        return value
-
-    @model_validator(mode="after")
-    def _lengths(self) -> AddDocumentsRequest:
-        n = len(self.documents)
-        if self.ids is not None and len(self.ids) != n:
-            raise ValueError(f"'ids' must hold one id per document ({n}) (got {len(self.ids)})")
-        if self.metadatas is not None and len(self.metadatas) != n:
-            raise ValueError(f"'metadatas' must hold one entry per document ({n}) (got {len(self.metadatas)})")
-        return self
-
-
-class AddDocumentsResponse(BaseModel):
-    """The answer to an upsert."""
-
-    object: Literal["collection.documents"] = "collection.documents"
-    collection: str
-    ids: list[str]
-    """The ids of the upserted records, in request order."""
-    count: int
-    """Records in the collection now."""
-    usage: UsageModel
-
-
-class DeleteDocumentsRequest(_Strict):
-    """``POST /v1/collections/{name}/documents/delete``: delete records by id."""
-
-    ids: list[Name] = Field(min_length=1)
-    """The ids to delete; unknown ids are ignored."""
-
-
-class QueryRequest(_Strict):
-    """``POST /v1/collections/{name}/query``: similarity search."""
-
-    query: Annotated[Text, Field(min_length=1)]
-    """The query text."""
-    k: QueryK = 4
-    """Most hits."""
-    filter: FilterObject | None = None
-    """A metadata filter in the core's language, e.g. ``{"price": {"$lt": 100}}``."""
-
-
-class QueryResponse(BaseModel):
-    """The answer to a query."""
-
-    object: Literal["collection.query"] = "collection.query"
-    collection: str
-    hits: list[HitModel]
-    """Best first."""
-
-
-class CollectionChatRequest(_Strict):
-    """``POST /v1/collections/{name}/chat``: one RAG turn in a session."""
-
-    session_id: Name
-    """The conversation; its earlier turns are remembered by the server."""
-    question: Annotated[Text, Field(min_length=1)]
-    """The user's message."""
-    k: ChatK | None = None
-    """Documents retrieved (default: the server's ``rag_k``)."""
-    filter: FilterObject | None = None
-    """A metadata filter for the retrieval."""
-    max_tokens: TokenCount | None = None
-    """Most tokens in the answer."""
-
-
-class StageTimingsModel(BaseModel):
-    """Seconds per stage."""
-
-    embed_s: float
-    retrieve_s: float
-    context_s: float
-    generate_s: float
-    total_s: float
-
-
-class CollectionChatResponse(BaseModel):
-    """The answer to one RAG turn."""
-
-    id: str
-    object: Literal["collection.chat"] = "collection.chat"
-    created: int
-    model: str
-    collection: str
-    session_id: str
-    answer: str
-    sources: list[HitModel]
-    """The documents given to the model, best first."""
-    history_turns: int
-    """Earlier turns of the session given to the model."""
-    finish_reason: str
-    usage: UsageModel
-    timings: StageTimingsModel
-
-
-class CollectionInfo(BaseModel):
-    """One collection."""
-
-    name: str
-    count: int
-    """Records stored."""
-
-
-class CollectionList(BaseModel):
-    """``GET /v1/collections``."""
-
-    object: Literal["list"] = "list"
-    data: list[CollectionInfo]
-
-
-class HealthResponse(BaseModel):
-    """``GET /health``."""
-
-    status: Literal["ok"] = "ok"
-    chat_model: str
-    embedding_model: str
-    embedder_identity: str | None = None
-    """The identity an index records for this server's vectors (model, ``;int8`` when quantised);
-    None until the embedder has loaded."""
-    llm_backend: str
-    device: str
-    collections: int
-    in_flight: int
-    uptime_s: float

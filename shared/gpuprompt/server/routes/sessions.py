@@ -27,19 +27,18 @@ import asyncio
 import json
 from typing import TYPE_CHECKING, Any, Literal
 
-from fastapi import FastAPI
+from fastapi import APIRouter
 from fastapi.responses import Response
-from pydantic import BaseModel, Field
-
 from gpuprompt.context import MAX_SESSION_ID_LENGTH as _CACHE_KEY_LENGTH
 from gpuprompt.server._http import json_response
-from gpuprompt.server._schemas import Text, _int, _Strict
+from gpuprompt.server.schemas.base import Text, _int, _Strict
+from gpuprompt.server.state import State
 from gpuprompt.validation import INT64_MAX, check_str
 from gpuprompt.wire import MAX_TURNS_PER_REQUEST
+from pydantic import BaseModel, Field
 
 if TYPE_CHECKING:
     from gpuprompt.context import Turn
-    from gpuprompt.server._app import _Server
 
 __all__ = [
     "MAX_SESSION_ID_LENGTH",
@@ -51,7 +50,7 @@ __all__ = [
     "TurnList",
     "TurnModel",
     "WindowRequest",
-    "add_session_routes",
+    "router",
     "session_key",
 ]
 
@@ -149,56 +148,57 @@ def _deleted(payload: dict[str, Any]) -> Response:
     return Response(json.dumps(payload), media_type="application/json")
 
 
-def add_session_routes(app: FastAPI, server: _Server) -> None:
-    """Register the ``/v1/sessions`` routes over ``server.memory`` on ``app``."""
+router = APIRouter()
 
-    @app.post("/v1/sessions/{session_id:path}/turns", response_model=TurnList, tags=["sessions"])
-    async def append_turns(session_id: str, body: AppendTurnsRequest) -> Response:
-        """Append turns to a session (created on first use); each text is embedded once, batched
-        with every concurrent request."""
-        key = session_key(session_id)
-        stored = await server.memory.aextend(key, [(t.role, t.text) for t in body.turns])
-        return _turns(session_id, stored)
 
-    @app.get("/v1/sessions/{session_id:path}/turns", response_model=TurnList, tags=["sessions"])
-    async def list_turns(session_id: str) -> Response:
-        """Every kept turn of a session, oldest first (none for an unknown or expired session)."""
-        key = session_key(session_id)
-        return _turns(session_id, await asyncio.to_thread(server.memory.turns, key))  # a session store is I/O
+@router.post("/v1/sessions/{session_id:path}/turns", response_model=TurnList, tags=["sessions"])
+async def append_turns(server: State, session_id: str, body: AppendTurnsRequest) -> Response:
+    """Append turns to a session (created on first use); each text is embedded once, batched
+    with every concurrent request."""
+    key = session_key(session_id)
+    stored = await server.memory.aextend(key, [(t.role, t.text) for t in body.turns])
+    return _turns(session_id, stored)
 
-    @app.post("/v1/sessions/{session_id:path}/window", response_model=TurnList, tags=["sessions"])
-    async def window(session_id: str, body: WindowRequest) -> Response:
-        """The most recent turns plus the older ones most relevant to ``query``, oldest first,
-        within ``max_turns`` and ``max_tokens``; only the query is embedded."""
-        key = session_key(session_id)
-        turns = await server.memory.awindow(
-            key, query=body.query, max_turns=body.max_turns, max_tokens=body.max_tokens, recent=body.recent
-        )
-        return _turns(session_id, turns)
+@router.get("/v1/sessions/{session_id:path}/turns", response_model=TurnList, tags=["sessions"])
+async def list_turns(server: State, session_id: str) -> Response:
+    """Every kept turn of a session, oldest first (none for an unknown or expired session)."""
+    key = session_key(session_id)
+    return _turns(session_id, await asyncio.to_thread(server.memory.turns, key))  # a session store is I/O
 
-    @app.delete("/v1/sessions/{session_id:path}", tags=["sessions"])
-    async def delete_session(session_id: str) -> Response:
-        """Forget a session (an unknown one too: deleting is idempotent)."""
-        key = session_key(session_id)
-        await asyncio.to_thread(server.memory.clear, key)
-        return _deleted({"object": "session.deleted", "session_id": session_id, "deleted": True})
+@router.post("/v1/sessions/{session_id:path}/window", response_model=TurnList, tags=["sessions"])
+async def window(server: State, session_id: str, body: WindowRequest) -> Response:
+    """The most recent turns plus the older ones most relevant to ``query``, oldest first,
+    within ``max_turns`` and ``max_tokens``; only the query is embedded."""
+    key = session_key(session_id)
+    turns = await server.memory.awindow(
+        key, query=body.query, max_turns=body.max_turns, max_tokens=body.max_tokens, recent=body.recent
+    )
+    return _turns(session_id, turns)
 
-    @app.get("/v1/sessions", response_model=SessionList, tags=["sessions"])
-    async def list_sessions() -> Response:
-        """The ids of the sessions of these routes (collection chats are not listed)."""
-        keys = await asyncio.to_thread(server.memory.sessions)
-        cut = len(SESSION_KEY_PREFIX)
-        return json_response(SessionList(data=[k[cut:] for k in keys if k.startswith(SESSION_KEY_PREFIX)]))
+@router.delete("/v1/sessions/{session_id:path}", tags=["sessions"])
+async def delete_session(server: State, session_id: str) -> Response:
+    """Forget a session (an unknown one too: deleting is idempotent)."""
+    key = session_key(session_id)
+    await asyncio.to_thread(server.memory.clear, key)
+    return _deleted({"object": "session.deleted", "session_id": session_id, "deleted": True})
 
-    @app.delete("/v1/sessions", tags=["sessions"])
-    async def delete_sessions() -> Response:
-        """Forget every session of these routes; the sessions of collection chat stay."""
-        def clear() -> int:
-            keys = [k for k in server.memory.sessions() if k.startswith(SESSION_KEY_PREFIX)]
-            for key in keys:
-                server.memory.clear(key)
-            return len(keys)
+@router.get("/v1/sessions", response_model=SessionList, tags=["sessions"])
+async def list_sessions(server: State) -> Response:
+    """The ids of the sessions of these routes (collection chats are not listed)."""
+    keys = await asyncio.to_thread(server.memory.sessions)
+    cut = len(SESSION_KEY_PREFIX)
+    return json_response(SessionList(data=[k[cut:] for k in keys if k.startswith(SESSION_KEY_PREFIX)]))
 
-        deleted = await asyncio.to_thread(clear)
-        return _deleted({"object": "sessions.deleted", "deleted": deleted})
+@router.delete("/v1/sessions", tags=["sessions"])
+async def delete_sessions(server: State) -> Response:
+    """Forget every session of these routes; the sessions of collection chat stay."""
+    def clear() -> int:
+        keys = [k for k in server.memory.sessions() if k.startswith(SESSION_KEY_PREFIX)]
+        for key in keys:
+            server.memory.clear(key)
+        return len(keys)
+
+    deleted = await asyncio.to_thread(clear)
+    return _deleted({"object": "sessions.deleted", "deleted": deleted})
+
 

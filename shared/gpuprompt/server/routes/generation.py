@@ -14,13 +14,12 @@ import uuid
 from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any
 
-from fastapi import FastAPI, Request
+from fastapi import APIRouter, Request
 from fastapi.responses import Response, StreamingResponse
-
 from gpuprompt.errors import ContextLengthError, InvalidInputError
-from gpuprompt.server._errors import ApiError, error_event
 from gpuprompt.server._http import SSE_HEADERS, all_or_none, json_response, sse, until_disconnect
-from gpuprompt.server._schemas_chat import (
+from gpuprompt.server.errors import ApiError, error_event
+from gpuprompt.server.schemas.chat import (
     ChatChoice,
     ChatChoiceMessage,
     ChatCompletionRequest,
@@ -31,14 +30,14 @@ from gpuprompt.server._schemas_chat import (
     CompletionResponse,
     ToolCallOut,
 )
+from gpuprompt.server.state import ServerState, State
 from gpuprompt.validation import INT64_MIN
 from gpuprompt.wire import SESSION_HEADER
 
 if TYPE_CHECKING:
     from gpuprompt.llm import GenerationRequest, GenerationResult, StreamDelta, Usage
-    from gpuprompt.server._app import _Server
 
-__all__ = ["add_generation_routes"]
+__all__ = ["router"]
 
 _SEED_SPAN = 2**64  # per-choice seeds (seed + i) wrap around inside the int64 range
 
@@ -74,7 +73,7 @@ def session_of(request: Request) -> str | None:
 
 
 def chat_request(
-    server: _Server, body: ChatCompletionRequest, request_id: str, index: int = 0, session_id: str | None = None
+    server: ServerState, body: ChatCompletionRequest, request_id: str, index: int = 0, session_id: str | None = None
 ) -> GenerationRequest:
     """The core request for one choice of a chat completion (refusals raise a 400 naming the field)."""
     from gpuprompt.llm import GenerationRequest
@@ -114,7 +113,7 @@ def _chat_message(result: GenerationResult) -> ChatChoiceMessage:
 
 
 def completion_requests(
-    server: _Server, body: CompletionRequest, request_id: str, session_id: str | None = None
+    server: ServerState, body: CompletionRequest, request_id: str, session_id: str | None = None
 ) -> list[GenerationRequest]:
     """One core request per prompt of a text completion (refusals raise a 400 naming the field)."""
     from gpuprompt.llm import GenerationRequest
@@ -161,80 +160,80 @@ def _prompt_field(exc: ContextLengthError) -> ApiError:
     return ApiError(400, str(exc), param="prompt", code="context_length_exceeded")
 
 
-def add_generation_routes(app: FastAPI, server: _Server) -> None:
-    """Register ``/v1/chat/completions`` and ``/v1/completions`` on ``app``."""
+router = APIRouter()
 
-    @app.post("/v1/chat/completions", response_model=ChatCompletionResponse, tags=["openai"])
-    async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
-        """Chat completion with tools; ``stream: true`` answers with server-sent events ending in ``[DONE]``.
 
-        A client that disconnects cancels its generation inside the engine.
-        """
-        server.check_model(body.model, server.llm.model_name, "chat")
-        completion_id = f"chatcmpl-{uuid.uuid4().hex}"
-        session_id = session_of(request)
-        requests = [chat_request(server, body, completion_id, i, session_id) for i in range(body.n)]
-        include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        if body.stream:
-            return await _stream(server, request, requests[0], completion_id, include_usage, _chat_chunks)
-        outcome = await until_disconnect(request, all_or_none([server.llm.agenerate(r) for r in requests]))
-        if isinstance(outcome, Response):
-            return outcome
-        results: list[GenerationResult] = list(outcome)
-        _observe(server, results, "chat")
-        return json_response(
-            ChatCompletionResponse(
-                id=completion_id,
-                created=int(time.time()),
-                model=results[0].model,
-                choices=[ChatChoice(index=i, message=_chat_message(r), finish_reason=r.finish_reason)
-                         for i, r in enumerate(results)],
-                usage=usage_model([r.usage for r in results], prompts=1),
-            )
+@router.post("/v1/chat/completions", response_model=ChatCompletionResponse, tags=["openai"])
+async def chat_completions(server: State, body: ChatCompletionRequest, request: Request) -> Response:
+    """Chat completion with tools; ``stream: true`` answers with server-sent events ending in ``[DONE]``.
+
+    A client that disconnects cancels its generation inside the engine.
+    """
+    server.check_model(body.model, server.llm.model_name, "chat")
+    completion_id = f"chatcmpl-{uuid.uuid4().hex}"
+    session_id = session_of(request)
+    requests = [chat_request(server, body, completion_id, i, session_id) for i in range(body.n)]
+    include_usage = bool(body.stream_options and body.stream_options.include_usage)
+    if body.stream:
+        return await _stream(server, request, requests[0], completion_id, include_usage, _chat_chunks)
+    outcome = await until_disconnect(request, all_or_none([server.llm.agenerate(r) for r in requests]))
+    if isinstance(outcome, Response):
+        return outcome
+    results: list[GenerationResult] = list(outcome)
+    _observe(server, results, "chat")
+    return json_response(
+        ChatCompletionResponse(
+            id=completion_id,
+            created=int(time.time()),
+            model=results[0].model,
+            choices=[ChatChoice(index=i, message=_chat_message(r), finish_reason=r.finish_reason)
+                     for i, r in enumerate(results)],
+            usage=usage_model([r.usage for r in results], prompts=1),
         )
+    )
 
-    @app.post("/v1/completions", response_model=CompletionResponse, tags=["openai"])
-    async def completions(body: CompletionRequest, request: Request) -> Response:
-        """Text completion of a raw prompt (no chat template), or of each prompt of a list.
+@router.post("/v1/completions", response_model=CompletionResponse, tags=["openai"])
+async def completions(server: State, body: CompletionRequest, request: Request) -> Response:
+    """Text completion of a raw prompt (no chat template), or of each prompt of a list.
 
-        ``echo`` puts the prompt before the continuation; ``stream: true`` answers with server-sent
-        events ending in ``[DONE]`` (one prompt per streamed request).
-        """
-        server.check_model(body.model, server.llm.model_name, "chat")
-        completion_id = f"cmpl-{uuid.uuid4().hex}"
-        requests = completion_requests(server, body, completion_id, session_of(request))
-        include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        if body.stream:
-            prefix = requests[0].prompt if body.echo else ""
-            try:
-                return await _stream(server, request, requests[0], completion_id, include_usage,
-                                     _text_chunks(prefix or ""))
-            except ContextLengthError as exc:
-                raise _prompt_field(exc) from exc
+    ``echo`` puts the prompt before the continuation; ``stream: true`` answers with server-sent
+    events ending in ``[DONE]`` (one prompt per streamed request).
+    """
+    server.check_model(body.model, server.llm.model_name, "chat")
+    completion_id = f"cmpl-{uuid.uuid4().hex}"
+    requests = completion_requests(server, body, completion_id, session_of(request))
+    include_usage = bool(body.stream_options and body.stream_options.include_usage)
+    if body.stream:
+        prefix = requests[0].prompt if body.echo else ""
         try:
-            outcome = await until_disconnect(request, all_or_none([server.llm.agenerate(r) for r in requests]))
+            return await _stream(server, request, requests[0], completion_id, include_usage,
+                                 _text_chunks(prefix or ""))
         except ContextLengthError as exc:
             raise _prompt_field(exc) from exc
-        if isinstance(outcome, Response):
-            return outcome
-        results: list[GenerationResult] = list(outcome)
-        _observe(server, results, "completion")
-        return json_response(
-            CompletionResponse(
-                id=completion_id,
-                created=int(time.time()),
-                model=results[0].model,
-                choices=[
-                    CompletionChoice(index=i, text=(req.prompt if body.echo else "") + r.text,
-                                     finish_reason=r.finish_reason)
-                    for i, (req, r) in enumerate(zip(requests, results, strict=True))
-                ],
-                usage=usage_model([r.usage for r in results]),
-            )
+    try:
+        outcome = await until_disconnect(request, all_or_none([server.llm.agenerate(r) for r in requests]))
+    except ContextLengthError as exc:
+        raise _prompt_field(exc) from exc
+    if isinstance(outcome, Response):
+        return outcome
+    results: list[GenerationResult] = list(outcome)
+    _observe(server, results, "completion")
+    return json_response(
+        CompletionResponse(
+            id=completion_id,
+            created=int(time.time()),
+            model=results[0].model,
+            choices=[
+                CompletionChoice(index=i, text=(req.prompt if body.echo else "") + r.text,
+                                 finish_reason=r.finish_reason)
+                for i, (req, r) in enumerate(zip(requests, results, strict=True))
+            ],
+            usage=usage_model([r.usage for r in results]),
         )
+    )
 
 
-def _observe(server: _Server, results: list[GenerationResult], route: str) -> None:
+def _observe(server: ServerState, results: list[GenerationResult], route: str) -> None:
     for result in results:
         server.metrics.ttft.labels(route).observe(result.timings.ttft_s)
         server.metrics.generation_latency.labels(route).observe(result.timings.total_s)
@@ -294,7 +293,7 @@ def _text_chunks(prefix: str) -> ChunkMaker:
 
 
 async def _stream(
-    server: _Server,
+    server: ServerState,
     http_request: Request,
     request: GenerationRequest,
     completion_id: str,
@@ -357,3 +356,4 @@ async def _stream(
             yield "data: [DONE]\n\n"
 
     return StreamingResponse(events(), media_type="text/event-stream", headers=SSE_HEADERS)
+

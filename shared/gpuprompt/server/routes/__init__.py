@@ -1,0 +1,12 @@
+"""The routes of ``gpuprompt serve``, one ``APIRouter`` per area; each handler reads the app's
+:class:`~gpuprompt.server.state.ServerState` through the ``State`` dependency."""
+
+from __future__ import annotations
+
+from gpuprompt.server.routes import cache, collections, embeddings, generation, service, sessions
+
+__all__ = ["ROUTERS"]
+
+ROUTERS = (service.router, embeddings.router, generation.router, collections.router, sessions.router,
+           cache.router)
+"""Every router, in the order the app includes them."""

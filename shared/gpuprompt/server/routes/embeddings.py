@@ -1,0 +1,58 @@
+"""``POST /v1/embeddings``: OpenAI's embeddings route over the batched, cached embedder."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import time
+
+from fastapi import APIRouter
+from fastapi.responses import Response
+
+from gpuprompt.server._http import json_response
+from gpuprompt.server._token_ids import decode_token_ids
+from gpuprompt.server.errors import ApiError
+from gpuprompt.server.schemas.base import UsageModel
+from gpuprompt.server.schemas.service import EmbeddingItem, EmbeddingRequest, EmbeddingResponse
+from gpuprompt.server.state import State
+from gpuprompt.wire import encode_vectors
+
+__all__ = ["router"]
+
+router = APIRouter()
+
+
+@router.post("/v1/embeddings", response_model=EmbeddingResponse, tags=["openai"])
+async def embeddings(server: State, body: EmbeddingRequest) -> Response:
+    """Embed a text or a list of texts (batched with every concurrent request)."""
+    server.check_model(body.model, server.embedder.model_id, "embedding")
+    texts = [body.input] if isinstance(body.input, str) else body.input
+    if any(not isinstance(t, str) for t in texts):
+        # Token ids of tiktoken (langchain-openai's default): read back to text only when exact.
+        ids = [texts] if all(isinstance(t, int) for t in texts) else texts
+        texts = await asyncio.to_thread(
+            functools.partial(decode_token_ids, ids, accept=server.config.accept_token_ids)
+        )
+    if body.dimensions is not None:
+        dim = (await server.embedder.aload()).dim  # loads the model off the loop if not preloaded
+        if body.dimensions != dim:
+            raise ApiError(
+                400,
+                f"'dimensions' must be {dim}, the model's dimension (got {body.dimensions}); this server does "
+                "not shorten embeddings.",
+                param="dimensions",
+                code="invalid_value",
+            )
+    started = time.perf_counter()
+    vectors = await server.embedder.aembed(texts)
+    server.metrics.embedding_latency.observe(time.perf_counter() - started)
+    server.metrics.embedding_inputs.observe(len(texts))
+    tokens = sum(await server.count_tokens(texts))
+    if body.encoding_format == "base64":
+        items = [EmbeddingItem(index=i, embedding=encode_vectors(row)) for i, row in enumerate(vectors)]
+    else:
+        items = [EmbeddingItem(index=i, embedding=row) for i, row in enumerate(vectors.tolist())]
+    return json_response(
+        EmbeddingResponse(data=items, model=server.embedder.model_id,
+                          usage=UsageModel(prompt_tokens=tokens, total_tokens=tokens))
+    )

@@ -1,0 +1,71 @@
+"""The service routes: ``GET /health`` (no key needed), ``GET /metrics`` (Prometheus) and the
+OpenAI model list ``GET /v1/models`` (``/v1/models/{id}``)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from fastapi import APIRouter
+from fastapi.responses import Response
+
+from gpuprompt.server._http import json_response
+from gpuprompt.server._metrics import CONTENT_TYPE_LATEST
+from gpuprompt.server.errors import ApiError
+from gpuprompt.server.schemas.service import HealthResponse, ModelCard, ModelList
+from gpuprompt.server.state import ServerState, State
+
+__all__ = ["router"]
+
+router = APIRouter()
+
+
+def _served(server: ServerState) -> list[str]:
+    """The served models' ids: the chat model, the embedding model, then the rerank model."""
+    models = [server.llm.model_name, server.embedder.model_id]
+    if server.reranker is not None:
+        models.append(server.reranker.model_id)
+    return models
+
+
+@router.get("/health", response_model=HealthResponse, tags=["service"])
+async def health(server: State) -> Response:
+    """Liveness and what is served (no API key needed)."""
+    # backend_name loads the engine: only ask once it is loaded (it is after a preload).
+    backend = server.llm.backend_name if server.loaded else f"{server.config.llm_backend} (not loaded)"
+    return json_response(
+        HealthResponse(
+            chat_model=server.llm.model_name,
+            embedding_model=server.embedder.model_id,
+            embedder_identity=server.embedder.identity if server.loaded else None,
+            rerank_model=server.reranker.model_id if server.reranker is not None else None,
+            llm_backend=backend,
+            device=server.llm.device,
+            collections=len(server.collections),
+            in_flight=server.llm.stats().in_flight,
+            uptime_s=round(time.time() - server.started, 3),
+        )
+    )
+
+
+@router.get("/metrics", tags=["service"], response_class=Response)
+async def prometheus(server: State) -> Response:
+    """Prometheus text format: queue depths, batch sizes, latency histograms, cache hit rates."""
+    return Response(await asyncio.to_thread(server.metrics.render), media_type=CONTENT_TYPE_LATEST)
+
+
+@router.get("/v1/models", response_model=ModelList, tags=["openai"])
+async def models(server: State) -> Response:
+    """The served models: chat, embedding (and rerank, when one is loaded)."""
+    created = int(server.started)
+    return json_response(ModelList(data=[ModelCard(id=model, created=created) for model in _served(server)]))
+
+
+@router.get("/v1/models/{model_id:path}", response_model=ModelCard, tags=["openai"])
+async def model(server: State, model_id: str) -> Response:
+    """One served model."""
+    for served in _served(server):
+        if model_id in (served, served.rsplit("/", 1)[-1]):
+            return json_response(ModelCard(id=served, created=int(server.started)))
+    raise ApiError(404, f"model {model_id!r} is not served here; GET /v1/models lists the served models.",
+                   param="model", code="model_not_found")

@@ -1,0 +1,95 @@
+"""Pydantic models of the service and embeddings routes: ``/health``, ``/v1/models``, ``/v1/embeddings``."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, field_validator
+
+from gpuprompt.server.schemas.base import Dimensions, ModelName, Text, UsageModel, _OpenAIRequest
+from gpuprompt.wire import MAX_EMBEDDING_INPUTS
+
+__all__ = ["EmbeddingItem", "EmbeddingRequest", "EmbeddingResponse", "HealthResponse", "ModelCard", "ModelList"]
+
+
+class ModelCard(BaseModel):
+    """One served model, as ``GET /v1/models`` lists it."""
+
+    id: str
+    """The name to pass as ``model``."""
+    object: Literal["model"] = "model"
+    created: int
+    """When the server started (Unix seconds)."""
+    owned_by: str = "gpuprompt"
+    """Who serves it."""
+
+
+class ModelList(BaseModel):
+    """``GET /v1/models``."""
+
+    object: Literal["list"] = "list"
+    data: list[ModelCard]
+    """The served models: the chat model, then the embedding model."""
+
+
+# ---------------------------------------------------------------------- embeddings
+class EmbeddingRequest(_OpenAIRequest):
+    """``POST /v1/embeddings``."""
+
+    input: Text | list[Text] | list[int] | list[list[int]]
+    """A text or a list of texts; token ids (tiktoken ``cl100k_base``) are read back to text when exact."""
+    model: ModelName | None = None
+    """The embedding model (see ``GET /v1/models``); None for the served one."""
+    encoding_format: Literal["float", "base64"] = "float"
+    """``"float"`` lists, or ``"base64"`` of little-endian float32 bytes."""
+    dimensions: Dimensions | None = None
+    """Must equal the model's dimension when given (no truncation)."""
+    user: Text | None = None
+    """Ignored."""
+
+    @field_validator("input")
+    @classmethod
+    def _count(cls, value: Any) -> Any:
+        if isinstance(value, list):
+            if not value:
+                raise ValueError("must hold at least one text (got an empty list)")
+            if len(value) > MAX_EMBEDDING_INPUTS:
+                raise ValueError(f"must hold at most {MAX_EMBEDDING_INPUTS} texts (got {len(value)}); split the request")
+        return value
+
+
+class EmbeddingItem(BaseModel):
+    """One embedding."""
+
+    object: Literal["embedding"] = "embedding"
+    index: int
+    """The input's position."""
+    embedding: list[float] | str
+    """The vector (float list, or base64 float32)."""
+
+
+class EmbeddingResponse(BaseModel):
+    """The answer to ``POST /v1/embeddings``."""
+
+    object: Literal["list"] = "list"
+    data: list[EmbeddingItem]
+    model: str
+    usage: UsageModel
+
+
+class HealthResponse(BaseModel):
+    """``GET /health``."""
+
+    status: Literal["ok"] = "ok"
+    chat_model: str
+    embedding_model: str
+    embedder_identity: str | None = None
+    """The identity an index records for this server's vectors (model, ``;int8`` when quantised);
+    None until the embedder has loaded."""
+    rerank_model: str | None = None
+    """The served rerank model (``--rerank-model``), or None when the server reranks nothing."""
+    llm_backend: str
+    device: str
+    collections: int
+    in_flight: int
+    uptime_s: float

@@ -1,0 +1,127 @@
+"""ServerState: what the routes of one app serve (the config, the models, the memory, the
+collections, the answer cache, the metrics), kept as ``app.state.gpuprompt`` and handed to each
+route by the :data:`State` dependency."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import TYPE_CHECKING, Annotated, Any
+
+from fastapi import Depends, Request
+
+from gpuprompt.answer_cache import DEFAULT_MAX_ENTRIES, DEFAULT_TTL_SECONDS
+from gpuprompt.server._collections import Collections
+from gpuprompt.server._config import ServerConfig
+from gpuprompt.server._metrics import Metrics
+from gpuprompt.server.errors import ApiError
+
+if TYPE_CHECKING:
+    from gpuprompt.answer_cache import AnswerCache
+    from gpuprompt.context import ContextCache
+    from gpuprompt.embed import Embedder
+    from gpuprompt.llm import LLMEngine
+    from gpuprompt.rerank import Reranker
+
+__all__ = ["State", "ServerState", "server_state"]
+
+_INLINE_TOKEN_COUNT = 64  # count tokens on the loop thread only for this many texts
+
+
+class ServerState:
+    """The state behind the routes of one app.
+
+    Args:
+        config: the server's settings.
+        embedder: the embedder to serve (default: the runtime's shared one for the config).
+        llm: the engine to serve (default: the runtime's shared one for the config).
+        memory: the conversation memory of collection chat and the sessions routes (default: a
+            new ContextCache, in Redis with ``config.redis_url``).
+        reranker: the reranker of ``/v1/rerank`` (default: the runtime's for ``config.rerank_model``,
+            or none).
+    """
+
+    def __init__(
+        self,
+        config: ServerConfig,
+        embedder: Embedder | None = None,
+        llm: LLMEngine | None = None,
+        memory: ContextCache | None = None,
+        reranker: Reranker | None = None,
+    ) -> None:
+        from gpuprompt.runtime import get_runtime
+
+        self.config = config
+        runtime = get_runtime()
+        if embedder is None:
+            options = {} if config.embed_quantize is None else {"quantize": config.embed_quantize}
+            embedder = runtime.embedder(config.embedding_model, device=config.device, **options)
+        if llm is None:
+            llm = runtime.llm(config.chat_model, **config.llm_options())
+        if reranker is None and getattr(config, "rerank_model", None) is not None:
+            reranker = runtime.reranker(config.rerank_model, **config.rerank_options())
+        if memory is None:
+            from gpuprompt.context import ContextCache
+
+            store = None
+            if config.redis_url is not None:
+                from gpuprompt.context.stores import RedisStore
+
+                store = RedisStore(config.redis_url, ttl_s=config.session_ttl_s)
+            memory = ContextCache(embedder, store=store)  # this app's own sessions
+        self.embedder = embedder
+        self.llm = llm
+        self.memory = memory
+        self.reranker = reranker
+        self.collections = Collections(
+            embedder=embedder,
+            llm=llm,
+            memory=memory,
+            device=config.device,
+            rag_k=config.rag_k,
+            max_tokens=config.default_max_tokens,
+            max_collections=config.max_collections,
+            max_records=config.max_collection_records,
+            vector_uri=config.vector_uri,
+            data_dir=config.data_dir,
+            checkpoint_every=config.checkpoint_every,
+        )
+        self.answers: AnswerCache[Any] = runtime.answer_cache(
+            embedder, max_entries=DEFAULT_MAX_ENTRIES, ttl_seconds=DEFAULT_TTL_SECONDS)
+        self.metrics = Metrics(
+            embedder=lambda: self.embedder,
+            llm=lambda: self.llm,
+            memory=lambda: self.memory,
+            collections=self.collections.indexes,
+        )
+        self.started = time.time()
+        self.loaded = False
+
+    def check_model(self, requested: str | None, served: str, kind: str) -> None:
+        """Refuse a ``model`` that names neither served model (unless the config allows any)."""
+        if requested is None or not self.config.strict_model_names:
+            return
+        if requested in (served, served.rstrip("/").rsplit("/", 1)[-1]):
+            return
+        raise ApiError(
+            404,
+            f"'model' must name the served {kind} model {served!r} (got {requested!r}); GET /v1/models lists "
+            "the served models.",
+            param="model",
+            code="model_not_found",
+        )
+
+    async def count_tokens(self, texts: list[str]) -> list[int]:
+        """Token counts of texts under the embedder's tokenizer, off the loop for big requests."""
+        if len(texts) > _INLINE_TOKEN_COUNT:
+            return await asyncio.to_thread(self.embedder.count_tokens, texts)
+        return self.embedder.count_tokens(texts)
+
+
+def server_state(request: Request) -> ServerState:
+    """The :class:`ServerState` of the app serving ``request``."""
+    return request.app.state.gpuprompt
+
+
+State = Annotated[ServerState, Depends(server_state)]
+"""A route's parameter type for the app's state (``async def route(server: State, ...)``)."""
