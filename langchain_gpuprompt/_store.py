@@ -13,21 +13,15 @@ import json
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any, Literal
 
 from gpuprompt.bridge import off_loop
 from gpuprompt.device import check_device
-from gpuprompt.errors import ConfigurationError, InputTypeError, InvalidInputError, describe
+from gpuprompt.errors import ConfigurationError, InputTypeError, describe
 from gpuprompt.validation import (
-    INT64_MAX,
-    MAX_DEPTH,
-    MAX_NODES,
     check_clock,
-    check_int,
-    check_json,
-    check_number,
     check_str,
     check_ttl,
     fail,
@@ -38,10 +32,8 @@ from langgraph.store.base import (
     BaseStore,
     GetOp,
     IndexConfig,
-    InvalidNamespaceError,
     Item,
     ListNamespacesOp,
-    MatchCondition,
     NamespacePath,
     NotProvided,
     Op,
@@ -50,9 +42,7 @@ from langgraph.store.base import (
     SearchItem,
     SearchOp,
     TTLConfig,
-    ensure_embeddings,
     get_text_at_path,
-    tokenize_path,
 )
 
 from langchain_gpuprompt._embeddings import GPUPromptEmbeddings
@@ -61,34 +51,32 @@ from langchain_gpuprompt._vectorstores import GPUPromptVectorStore
 if TYPE_CHECKING:
     from gpuprompt.index import Hit
 
+from langchain_gpuprompt._store_checks import (
+    _check_listing,
+    _check_namespace,
+    _check_op,
+    _check_put,
+    _check_search,
+    _embeddings,
+    _index_paths,
+)
+from langchain_gpuprompt._store_items import (
+    _DEFAULT_COLLECTION,
+    _ITEM,
+    _ITEMS_SUFFIX,
+    _check_record_ids,
+    _core_filter,
+    _hit_path,
+    _item_id,
+    _LocalItems,
+    _metadata,
+    _namespace_matches,
+    _remote_runtime,
+    _RemoteItems,
+)
+from langchain_gpuprompt._store_types import NamespaceError, NamespaceTypeError, _Entry, _Path
+
 __all__ = ["GPUPromptStore", "NamespaceError", "NamespaceTypeError"]
-
-_Path = tuple[tuple[str, ...], str]
-
-
-class NamespaceError(InvalidInputError, InvalidNamespaceError):
-    """A refused namespace: gpuprompt's ``InvalidInputError`` and LangGraph's ``InvalidNamespaceError``.
-
-    Code written against LangGraph's ``BaseStore`` contract (which documents
-    ``InvalidNamespaceError``) and code catching gpuprompt errors both catch it.
-    """
-
-
-class NamespaceTypeError(InputTypeError, InvalidNamespaceError):
-    """A namespace (or one of its labels) of the wrong type; see :class:`NamespaceError`."""
-
-
-@dataclass
-class _Entry:
-    item: Item
-    record_ids: list[str] = field(default_factory=list)
-    ttl_minutes: float | None = None
-    expires_at: float | None = None
-    order: int = 0
-    """When the item was created (ns since the epoch, plus its position in the batch): a remote
-    listing's order, the insertion order of the in-process map."""
-    ns_order: int | None = None
-    """The ``order`` of the item that created its namespace (remote: a listing's namespace order)."""
 
 
 @dataclass
@@ -639,396 +627,3 @@ class GPUPromptStore(BaseStore):
 
 
 # ---------------------------------------------------------------------- helpers
-def _embeddings(embed: Any) -> Embeddings:
-    if not isinstance(embed, (Embeddings, str)) and not callable(embed):
-        raise fail(
-            "index.embed",
-            "None, a LangChain Embeddings, a provider string or an embedding function",
-            embed,
-            error=ConfigurationError,
-        )
-    try:
-        return ensure_embeddings(embed)
-    except (TypeError, ValueError, ImportError) as exc:  # e.g. a provider string that cannot load
-        raise ConfigurationError(f"'index.embed' could not be loaded (got {describe(embed)}): {exc}") from None
-
-
-def _check_op(op: Any, position: int) -> Op:
-    """Check one op of a batch; returns it with a namespace tuple and, for a put, a detached
-    JSON copy of the value (what gets stored)."""
-    prefix = f"ops[{position}]."
-    if isinstance(op, PutOp):
-        return _check_put(op, prefix)
-    if isinstance(op, GetOp):
-        namespace = _check_namespace(op.namespace, prefix + "namespace")
-        check_str(op.key, prefix + "key")
-        return op._replace(namespace=namespace)
-    if isinstance(op, SearchOp):
-        return _check_search(op, prefix)
-    if isinstance(op, ListNamespacesOp):
-        conditions = op.match_conditions
-        if conditions is not None:
-            if isinstance(conditions, (str, bytes)) or not isinstance(conditions, (tuple, list)):
-                raise fail(
-                    prefix + "match_conditions", "None or a tuple of MatchCondition", conditions, error=InputTypeError
-                )
-            for i, condition in enumerate(conditions):
-                name = f"{prefix}match_conditions[{i}]"
-                if not isinstance(condition, MatchCondition):
-                    raise fail(name, "a MatchCondition", condition, error=InputTypeError)
-                if condition.match_type not in ("prefix", "suffix"):
-                    raise fail(name + ".match_type", "'prefix' or 'suffix'", condition.match_type)
-                _check_namespace(condition.path, name + ".path")
-        check_int(op.max_depth, prefix + "max_depth", min=0, max=INT64_MAX, allow_none=True)
-        check_int(op.limit, prefix + "limit", min=0, max=INT64_MAX)
-        check_int(op.offset, prefix + "offset", min=0, max=INT64_MAX)
-        return op
-    raise fail(f"ops[{position}]", "a GetOp, SearchOp, PutOp or ListNamespacesOp", op, error=InputTypeError)
-
-
-def _check_namespace(value: Any, name: str, *, put: bool = False) -> tuple[str, ...]:
-    """A namespace (``put=True``: one an item is stored under), a prefix or a match path ('*' is
-    a plain label here; a match path reads it as any label).
-
-    The rules are LangGraph's (non-empty str labels without '.' or NUL; a put's namespace is
-    non-empty and not under "langgraph") plus well-formed Unicode; a bare str, which LangGraph
-    would take label by character, is refused.
-    """
-    if isinstance(value, (str, bytes)) or not isinstance(value, (tuple, list)):
-        raise fail(name, "a tuple of str labels such as ('users', '42')", value, error=NamespaceTypeError)
-    if put and not value:
-        raise fail(name, "a non-empty tuple of str labels such as ('users', '42')", value, error=NamespaceError)
-    for i, label in enumerate(value):
-        label_name = f"{name}[{i}]"
-        if not isinstance(label, str):
-            raise fail(label_name, "a str", label, error=NamespaceTypeError)
-        if not label or "." in label or "\x00" in label:
-            raise fail(label_name, "a non-empty str without '.' or NUL", label, error=NamespaceError)
-        try:
-            check_str(label, label_name)
-        except InvalidInputError as exc:
-            raise NamespaceError(str(exc)) from None
-    if put and value[0] == "langgraph":
-        raise fail(name, "a namespace whose first label is not 'langgraph' (reserved)", value, error=NamespaceError)
-    return tuple(value)
-
-
-def _check_put(op: PutOp, prefix: str) -> PutOp:
-    namespace = _check_namespace(op.namespace, prefix + "namespace", put=True)
-    check_str(op.key, prefix + "key")
-    value = op.value
-    if value is not None:
-        if not isinstance(value, Mapping):
-            raise fail(prefix + "value", "a dict or None", value, error=InputTypeError)
-        # The value is stored inside the index record's metadata, one level down, beside the
-        # namespace labels and the key: bounded here so the record is never refused later.
-        value = check_json(value, prefix + "value", max_depth=MAX_DEPTH - 1, max_nodes=MAX_NODES - len(namespace) - 8)
-    index = op.index
-    if index is not None and index is not False:
-        _index_paths(index, prefix + "index")
-    if op.ttl is not None:
-        try:
-            ttl = check_number(op.ttl, prefix + "ttl")
-        except InvalidInputError:
-            ttl = None
-        if ttl is None or ttl <= 0:
-            raise fail(prefix + "ttl", "None or a finite number of minutes > 0", op.ttl)
-    return op._replace(namespace=namespace, value=value)
-
-
-def _check_search(op: SearchOp, prefix: str) -> SearchOp:
-    namespace = _check_namespace(op.namespace_prefix, prefix + "namespace_prefix")
-    check_int(op.limit, prefix + "limit", min=0, max=INT64_MAX)
-    check_int(op.offset, prefix + "offset", min=0, max=INT64_MAX)
-    check_str(op.query, prefix + "query", allow_none=True)
-    if op.filter is not None:
-        if not isinstance(op.filter, Mapping):
-            raise fail(prefix + "filter", "None or a dict such as {'color': 'red'}", op.filter, error=InputTypeError)
-        # Bounded, acyclic, str keys: the translation below recurses over it.
-        check_json(op.filter, prefix + "filter")
-    return op._replace(namespace_prefix=namespace)
-
-
-def _check_listing(prefix: Any, suffix: Any, max_depth: Any, limit: Any, offset: Any) -> None:
-    if prefix is not None:
-        _check_namespace(prefix, "prefix")
-    if suffix is not None:
-        _check_namespace(suffix, "suffix")
-    check_int(max_depth, "max_depth", min=0, max=INT64_MAX, allow_none=True)
-    check_int(limit, "limit", min=0, max=INT64_MAX)
-    check_int(offset, "offset", min=0, max=INT64_MAX)
-
-
-def _index_paths(paths: Any, name: str, *, error: type[Exception] = InputTypeError) -> list[tuple[str, Any]]:
-    """The JSON paths to embed, each with its tokens ("$" is the whole value)."""
-    if isinstance(paths, (str, bytes)) or not isinstance(paths, (list, tuple)):
-        raise fail(name, "a list of JSON paths such as ['text']", paths, error=error)
-    out: list[tuple[str, Any]] = []
-    for i, path in enumerate(paths):
-        try:
-            check_str(path, f"{name}[{i}]", allow_empty=False)
-        except InvalidInputError as exc:
-            raise error(str(exc)) from None
-        out.append((path, path if path == "$" else tokenize_path(path)))
-    return out
-
-
-_ITEM = ("ns", "key")
-"""The metadata fields that identify one stored item (its namespace and key)."""
-
-
-def _metadata(namespace: tuple[str, ...], key: str, value: Mapping[str, Any]) -> dict[str, Any]:
-    # Namespace labels by position ("ns.0", "ns.1", ...) make a prefix an equality pre-filter.
-    return {"ns": {str(i): label for i, label in enumerate(namespace)}, "key": key, "value": dict(value)}
-
-
-def _core_filter(op: SearchOp) -> dict[str, Any] | None:
-    clauses: list[dict[str, Any]] = [{f"ns.{i}": label} for i, label in enumerate(op.namespace_prefix)]
-    for name, condition in (op.filter or {}).items():
-        clauses.extend(_value_clauses(("value", name), condition))
-    if not clauses:
-        return None
-    return clauses[0] if len(clauses) == 1 else {"$and": clauses}
-
-
-def _value_clauses(path: tuple[str, ...], condition: Any) -> list[dict[str, Any]]:
-    """LangGraph's filter on an item's value, in the core's language: ``{"color": "red"}`` ->
-    ``{"value.color": "red"}``; operators map one to one; a nested dict matches nested fields."""
-    name = ".".join(path)
-    if isinstance(condition, Mapping):
-        if any(str(op).startswith("$") for op in condition):
-            return [{name: {op: operand}} for op, operand in condition.items()]
-        if not condition:
-            return [{name: {"$exists": True}}]
-        return [clause for sub, value in condition.items() for clause in _value_clauses((*path, str(sub)), value)]
-    if isinstance(condition, tuple):
-        condition = list(condition)
-    return [{name: condition}]
-
-
-def _namespace_matches(condition: MatchCondition, namespace: tuple[str, ...]) -> bool:
-    pattern = tuple(condition.path)
-    if len(namespace) < len(pattern):
-        return False
-    if condition.match_type == "prefix":
-        pairs = zip(namespace, pattern)
-    elif condition.match_type == "suffix":
-        pairs = zip(reversed(namespace), reversed(pattern))
-    else:
-        raise InvalidInputError(f"'match_type' must be 'prefix' or 'suffix' (got {describe(condition.match_type)}).")
-    return all(wanted == "*" or label == wanted for label, wanted in pairs)
-
-
-# ---------------------------------------------------------------------- the item map
-# The store's semantics live in GPUPromptStore above; where the items are kept is one of these
-# two maps (and the vectors are in the GPUPromptVectorStore's index, in process or a server
-# collection). Both answer with _Entry objects; the store calls ``touch`` after changing an
-# entry's expiry, so a remote map writes it back.
-
-_DEFAULT_COLLECTION = "langgraph_store"
-_ITEMS_SUFFIX = ".items"
-_COLLECTION_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,57}$"  # the server's pattern, room left for ".items"
-_MAX_RECORD_ID_LENGTH = 4096  # the server's (and Milvus's) longest record id
-
-
-class _LocalItems:
-    """Items in process memory, by namespace then key (insertion order kept: a listing's order)."""
-
-    def __init__(self) -> None:
-        self._data: dict[tuple[str, ...], dict[str, _Entry]] = {}
-
-    def __len__(self) -> int:
-        return sum(len(keys) for keys in self._data.values())
-
-    def get_many(self, paths: list[_Path]) -> dict[_Path, _Entry]:
-        found = {}
-        for namespace, key in paths:
-            entry = self._data.get(namespace, {}).get(key)
-            if entry is not None:
-                found[(namespace, key)] = entry
-        return found
-
-    def namespaces(self) -> list[tuple[str, ...]]:
-        return [ns for ns, keys in self._data.items() if keys]
-
-    def candidates(self, core_filter: dict[str, Any] | None) -> list[_Entry]:
-        from gpuprompt.index.filters import matches
-
-        return [
-            entry
-            for keys in self._data.values()
-            for entry in keys.values()
-            if matches(core_filter, _metadata(entry.item.namespace, entry.item.key, entry.item.value))
-        ]
-
-    def expired(self, now: float) -> list[_Entry]:
-        return [
-            entry
-            for keys in self._data.values()
-            for entry in keys.values()
-            if entry.expires_at is not None and entry.expires_at <= now
-        ]
-
-    def apply(self, changes: list[tuple[_Path, _Entry | None]]) -> None:
-        for (namespace, key), entry in changes:  # in order: an emptied namespace goes, a new one comes last
-            if entry is not None:
-                self._data.setdefault(namespace, {})[key] = entry
-            elif key in self._data.get(namespace, {}):
-                del self._data[namespace][key]
-                if not self._data[namespace]:
-                    del self._data[namespace]
-
-    def touch(self, entries: list[_Entry]) -> None:
-        """Nothing to do: the entries are the stored ones, changed in place."""
-
-
-class _RemoteItems:
-    """Items as records of a server collection (``<collection>.items``), shared by every process
-    using it: id ``[namespace, key]`` as JSON, metadata the item's searchable form (as the vector
-    records carry it) plus its bookkeeping, and a constant unit vector (never searched)."""
-
-    def __init__(self, index: Any) -> None:
-        self.index = index
-
-    def __len__(self) -> int:
-        return self.index.count
-
-    def get_many(self, paths: list[_Path]) -> dict[_Path, _Entry]:
-        if not paths:
-            return {}
-        entries = (_decode_item(record) for record in self.index.get([_item_id(path) for path in paths]))
-        return {(entry.item.namespace, entry.item.key): entry for entry in entries}
-
-    def namespaces(self) -> list[tuple[str, ...]]:
-        return list(dict.fromkeys(tuple(json.loads(rid)[0]) for rid in self.index.ids()))
-
-    def _entries(self, core_filter: dict[str, Any] | None) -> list[_Entry]:
-        ids = self.index.ids(core_filter)
-        return [_decode_item(record) for record in self.index.get(ids)] if ids else []
-
-    def candidates(self, core_filter: dict[str, Any] | None) -> list[_Entry]:
-        # The in-process order: namespaces by creation (a namespace emptied and filled again is
-        # new), then items by creation (an item deleted and put again is new).
-        return sorted(self._entries(core_filter), key=lambda entry: (entry.ns_order or 0, entry.order))
-
-    def expired(self, now: float) -> list[_Entry]:
-        return self._entries({"expires_at": {"$lte": now}})
-
-    def apply(self, changes: list[tuple[_Path, _Entry | None]]) -> None:
-        import numpy as np
-
-        self._namespace_orders(changes)
-        written = [entry for _, entry in changes if entry is not None]
-        if written:
-            vectors = np.zeros((len(written), self.index.dim), dtype=np.float32)
-            vectors[:, 0] = 1.0
-            self.index.add(
-                [_item_id((entry.item.namespace, entry.item.key)) for entry in written],
-                vectors,
-                metadatas=[_encode_item(entry) for entry in written],
-            )
-        removed = [_item_id(path) for path, entry in changes if entry is None]
-        if removed:
-            self.index.delete(removed)
-
-    def touch(self, entries: list[_Entry]) -> None:
-        self.apply([((entry.item.namespace, entry.item.key), entry) for entry in entries])
-
-    def _namespace_orders(self, changes: list[tuple[_Path, _Entry | None]]) -> None:
-        """Give each new item its namespace's creation order: the one of the namespace's live
-        items, or its own when the namespace is new (or emptied earlier in this batch)."""
-        decided: dict[tuple[str, ...], int] = {}
-        removed: set[str] = set()
-        for path, entry in changes:
-            if entry is None:
-                removed.add(_item_id(path))
-                continue
-            namespace = path[0]
-            if entry.ns_order is None and namespace not in decided:
-                exact = [{f"ns.{i}": label} for i, label in enumerate(namespace)]
-                exact.append({f"ns.{len(namespace)}": {"$exists": False}})
-                live = [rid for rid in self.index.ids({"$and": exact}) if rid not in removed]
-                records = self.index.get(live[:1]) if live else []
-                if records:
-                    decided[namespace] = _decode_item(records[0]).ns_order or 0
-            if entry.ns_order is None:
-                entry.ns_order = decided.setdefault(namespace, entry.order)
-
-
-def _remote_runtime(base_url: Any, api_key: Any, collection: Any, device: str, timeout: Any) -> Any:
-    """The runtime of a remote store's server, or None to keep the store in process.
-
-    As for the vector store, a store is remote when it names a server (``base_url`` / ``api_key``)
-    or a collection; ``GPUPROMPT_URL`` then supplies a missing ``base_url``, but alone it keeps
-    the items in process (a server collection is shared and outlives the process).
-    """
-    if base_url is None and api_key is None and collection is None:
-        return None
-    import re
-
-    from gpuprompt.runtime import connect
-
-    if collection is not None:
-        check_str(collection, "collection", error=ConfigurationError)
-        if not re.match(_COLLECTION_PATTERN, collection):
-            raise fail("collection", "a collection name of 1-58 letters, digits, '.', '_' or '-', starting with a "
-                       "letter or digit", collection, error=ConfigurationError)
-    runtime = connect(base_url, api_key=api_key, timeout=timeout, owner="GPUPromptStore",
-                      local_options={"device": (device, "auto")})
-    if not runtime.remote:
-        raise ConfigurationError(
-            f"GPUPromptStore got collection={collection!r}, a collection of a running `gpuprompt serve`, but no "
-            "server: pass base_url='http://host:port' (or set GPUPROMPT_URL), or drop collection to keep the store "
-            "in process."
-        )
-    return runtime
-
-
-def _item_id(path: _Path) -> str:
-    return json.dumps([list(path[0]), path[1]])
-
-
-def _hit_path(hit: Hit) -> _Path:
-    namespace, key, _ = json.loads(hit.id)
-    return (tuple(namespace), key)
-
-
-def _check_record_ids(ids: list[str]) -> None:
-    for record_id in ids:
-        if len(record_id) > _MAX_RECORD_ID_LENGTH:
-            raise InvalidInputError(
-                f"a namespace and key must fit a server record id of {_MAX_RECORD_ID_LENGTH} characters as JSON "
-                f"(got {len(record_id)}: {record_id[:80]!r}...); use a shorter key or namespace."
-            )
-
-
-def _encode_item(entry: _Entry) -> dict[str, Any]:
-    item = entry.item
-    metadata = _metadata(item.namespace, item.key, item.value)
-    # The bookkeeping as one JSON text (two metadata nodes, within what _check_put left free).
-    metadata["item"] = json.dumps({
-        "created_at": item.created_at.isoformat(),
-        "updated_at": item.updated_at.isoformat(),
-        "ttl": entry.ttl_minutes,
-        "record_ids": entry.record_ids,
-        "order": entry.order,
-        "ns_order": entry.ns_order,
-    })
-    if entry.expires_at is not None:
-        metadata["expires_at"] = entry.expires_at
-    return metadata
-
-
-def _decode_item(record: Any) -> _Entry:
-    metadata = record.metadata
-    book = json.loads(metadata["item"])
-    labels = metadata["ns"]
-    item = Item(
-        value=metadata["value"],
-        key=metadata["key"],
-        namespace=tuple(labels[str(i)] for i in range(len(labels))),
-        created_at=datetime.fromisoformat(book["created_at"]),
-        updated_at=datetime.fromisoformat(book["updated_at"]),
-    )
-    return _Entry(item=item, record_ids=list(book["record_ids"]), ttl_minutes=book["ttl"],
-                  expires_at=metadata.get("expires_at"), order=int(book["order"]), ns_order=book["ns_order"])

@@ -8,21 +8,14 @@ server collection through :class:`gpuprompt.remote.RemoteIndex`).
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gpuprompt.bridge import off_loop
-from gpuprompt.errors import ConfigurationError, InputTypeError, InvalidInputError, describe
+from gpuprompt.errors import ConfigurationError, InputTypeError, describe
 from gpuprompt.validation import (
-    check_metadata,
-    check_number,
-    check_path,
-    check_path_name,
     check_real_matrix,
-    check_real_vector,
-    check_str,
-    fail,
 )
 from langchain_core.documents import Document
 from langchain_core.embeddings import Embeddings
@@ -32,7 +25,23 @@ from typing_extensions import Self
 from langchain_gpuprompt._embeddings import GPUPromptEmbeddings
 
 if TYPE_CHECKING:
-    from gpuprompt.index import Hit, IndexLike, Record
+    from gpuprompt.index import Hit, IndexLike
+from langchain_gpuprompt._vectorstore_inputs import (
+    _check_ids,
+    _check_query,
+    _check_score_threshold,
+    _clamp01,
+    _from_documents,
+    _hit_document,
+    _identity,
+    _no_kwargs,
+    _prepare,
+    _record_document,
+    _scored,
+    _search_kwargs,
+    _snapshot_path,
+    _vector,
+)
 
 __all__ = ["GPUPromptVectorStore"]
 
@@ -620,133 +629,3 @@ class GPUPromptVectorStore(VectorStore):
         folder, name = _snapshot_path(folder_path, index_name)
         index = load_index(folder / name, device=device)
         return cls(embeddings, index=index, **kwargs)
-
-
-# ---------------------------------------------------------------------- helpers
-def _identity(score: float) -> float:
-    return score
-
-
-def _clamp01(score: float) -> float:
-    return min(1.0, max(0.0, score))
-
-
-def _check_query(query: Any) -> None:
-    check_str(query, "query")
-
-
-def _check_score_threshold(kwargs: dict[str, Any]) -> None:
-    if kwargs.get("score_threshold") is not None:
-        check_number(kwargs["score_threshold"], "score_threshold")
-
-
-def _check_ids(ids: Any) -> list[str]:
-    if isinstance(ids, (str, bytes)) or not isinstance(ids, Sequence):
-        raise InputTypeError(f"'ids' must be a list of str (got {describe(ids)}).")
-    for position, item in enumerate(ids):
-        check_str(item, f"ids[{position}]")
-    return list(ids)
-
-
-def _snapshot_path(folder_path: Any, index_name: Any) -> tuple[Path, str]:
-    """The snapshot's folder and its plain name inside it (a name with a separator or ``..``
-    would put the snapshot, and the files a load reads, outside that folder)."""
-    folder = Path(check_path(folder_path, "folder_path", named=False))
-    name = check_path_name(index_name, "index_name", fix="Pick a name such as 'index'; pass the folder as folder_path.")
-    return folder, name
-
-
-def _no_kwargs(method: str, kwargs: dict[str, Any]) -> None:
-    if kwargs:
-        raise InvalidInputError(
-            f"GPUPromptVectorStore.{method}() got unexpected keyword argument(s) {sorted(kwargs)}; "
-            "see its docstring for the accepted ones."
-        )
-
-
-def _search_kwargs(kwargs: dict[str, Any]) -> None:
-    kwargs.pop("fetch_k", None)  # community FAISS compatibility: our pre-filter needs no over-fetch
-    if kwargs:
-        raise InvalidInputError(
-            f"unexpected search keyword argument(s) {sorted(kwargs)}; valid: 'k', 'filter' "
-            "(and 'score_threshold' for the relevance-score search)."
-        )
-
-
-def _listed(value: Any, name: str, what: str) -> list[Any]:
-    """A list from a list, tuple or other iterable; a bare str, bytes or dict is refused."""
-    if isinstance(value, (str, bytes)):
-        raise fail(
-            name,
-            f"a list of {what}",
-            value,
-            fix=f"For one item, wrap it in a list: [{name[:-1]}].",
-            error=InputTypeError,
-        )
-    if isinstance(value, Mapping) or not isinstance(value, Iterable):
-        raise fail(name, f"a list of {what}", value, error=InputTypeError)
-    try:
-        return list(value)
-    except TypeError:  # iterable in name only: a 0-d numpy array says it is, then refuses
-        raise fail(name, f"a list of {what}", value, error=InputTypeError) from None
-
-
-def _vector(embedding: Any) -> Any:
-    """One query embedding as a ``(1, dim)`` float32 array (the core's strict real-vector check)."""
-    return check_real_vector(embedding, "embedding")[None, :]
-
-
-def _prepare(
-    texts: Iterable[str], metadatas: Iterable[dict[str, Any] | None] | None, ids: Iterable[str | None] | None
-) -> tuple[list[str], list[dict[str, Any]] | None, list[str | None] | None]:
-    """Check every argument of an add before anything is embedded or stored.
-
-    Texts must be well-formed strs; each metadata a JSON dict (or None) -- the detached copy made
-    here is what gets stored, so a value changed by the caller later cannot change the store.
-    """
-    texts = _listed(texts, "texts", "str")
-    for position, text in enumerate(texts):
-        check_str(text, f"texts[{position}]")
-    if metadatas is not None:
-        metadatas = _listed(metadatas, "metadatas", "dicts (or None), one per text")
-        if len(metadatas) != len(texts):
-            raise InvalidInputError(
-                f"'metadatas' must have one entry per text ({len(texts)}) (got {len(metadatas)} entries)."
-            )
-        metadatas = [check_metadata(m, f"metadatas[{position}]") for position, m in enumerate(metadatas)]
-    if ids is not None:
-        ids = _listed(ids, "ids", "str (or None), one per text")
-        if len(ids) != len(texts):
-            raise InvalidInputError(
-                f"'ids' must be a list with one entry per text ({len(texts)}) (got {len(ids)} entries)."
-            )
-        for position, key in enumerate(ids):
-            if key is not None:
-                check_str(key, f"ids[{position}]", allow_empty=False)
-    # Checked before embedding so a bad call costs nothing; None ids are generated by the index.
-    return texts, metadatas, ids
-
-
-def _from_documents(documents: list[Document], kwargs: dict[str, Any]) -> tuple[list[str], list[Any], Any]:
-    if isinstance(documents, (Document, str, bytes)) or not isinstance(documents, Sequence):
-        raise InputTypeError(f"'documents' must be a list of Document (got {describe(documents)}).")
-    for position, doc in enumerate(documents):
-        if not isinstance(doc, Document):
-            raise InputTypeError(f"'documents[{position}]' must be a Document (got {describe(doc)}).")
-    ids = kwargs.pop("ids", None)
-    if ids is None and any(doc.id is not None for doc in documents):
-        ids = [doc.id for doc in documents]
-    # The checks (and their messages) are add_texts': texts[i], metadatas[i], ids[i] = documents[i].
-    return [doc.page_content for doc in documents], [doc.metadata for doc in documents], ids
-
-
-def _record_document(record: Record) -> Document:
-    return Document(id=record.id, page_content=record.document or "", metadata=dict(record.metadata))
-
-
-def _hit_document(hit: Hit) -> Document:
-    return Document(id=hit.id, page_content=hit.document or "", metadata=dict(hit.metadata))
-
-
-def _scored(hits: list[Hit]) -> list[tuple[Document, float]]:
-    return [(_hit_document(hit), float(hit.score)) for hit in hits]

@@ -133,7 +133,9 @@ def run_demo(
                         ("max_tokens", max_tokens)):
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             raise ConfigurationError(f"'{name}' must be an int >= 1 (got {describe(value)}).")
-    from gpuprompt import RAGPipeline, VectorIndex, get_runtime
+    from gpuprompt.index import VectorIndex
+    from gpuprompt.rag import RAGPipeline
+    from gpuprompt.runtime import get_runtime
     from gpuprompt.rag import DEFAULT_SYSTEM_PROMPT
 
     started = time.perf_counter()

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 if TYPE_CHECKING:
     from gpuprompt.index._config import BackendName
-    from gpuprompt.index._index import VectorIndex
+    from gpuprompt.protocols import IndexLike
     from gpuprompt.index._types import Record
 
 from gpuprompt.bridge import off_loop
@@ -31,7 +31,7 @@ class AsyncIndexMixin:
     """
 
     async def aadd(
-        self: VectorIndex,
+        self: IndexLike,
         ids: Sequence[str | None] | None,
         vectors: Any,
         documents: Sequence[str | None] | None = None,
@@ -49,34 +49,34 @@ class AsyncIndexMixin:
             self.add, ids, vectors, documents, metadatas, embedder=embedder, allow_other_embedder=allow_other_embedder
         )
 
-    async def adelete(self: VectorIndex, ids: Sequence[str]) -> int:
+    async def adelete(self: IndexLike, ids: Sequence[str]) -> int:
         """Async :meth:`delete`, in a worker thread (cancellation as for :meth:`aadd`)."""
         return await off_loop(self.delete, ids)
 
-    async def aclear(self: VectorIndex) -> None:
+    async def aclear(self: IndexLike) -> None:
         """Async :meth:`clear`, in a worker thread (cancellation as for :meth:`aadd`)."""
         await off_loop(self.clear)
 
-    async def aget(self: VectorIndex, ids: Sequence[str]) -> list[Record]:
+    async def aget(self: IndexLike, ids: Sequence[str]) -> list[Record]:
         """Async :meth:`get`, in a worker thread (it may wait for a writer's lock)."""
         return await off_loop(self.get, ids)
 
-    async def aids(self: VectorIndex, filter: Mapping[str, Any] | None = None) -> list[str]:
+    async def aids(self: IndexLike, filter: Mapping[str, Any] | None = None) -> list[str]:
         """Async :meth:`ids`, in a worker thread (it may wait for a lock and evaluate a filter)."""
         return await off_loop(self.ids, filter)
 
-    async def asave(self: VectorIndex, path: str | Path) -> None:
+    async def asave(self: IndexLike, path: str | Path) -> None:
         """Async :meth:`save`, in a worker thread; a cancelled save has finished or never started."""
         await off_loop(self.save, path)
 
     @classmethod
     async def aload(
-        cls: type[VectorIndex],
+        cls: type[Any],
         path: str | Path,
         device: str = "auto",
         *,
         backend: BackendName | None = None,
         **options: Any,
-    ) -> VectorIndex:
+    ) -> Any:
         """Async :meth:`load`: reading, verifying and building the backend run in a worker thread."""
         return await off_loop(cls.load, path, device, backend=backend, **options)

@@ -14,7 +14,7 @@ from gpuprompt.index.filters import field_value
 from gpuprompt.validation import check_str
 
 if TYPE_CHECKING:
-    from gpuprompt.index._index import VectorIndex
+    from gpuprompt.protocols import IndexLike
     from gpuprompt.index._types import Hit
 
 __all__ = ["GroupSearchMixin"]
@@ -66,7 +66,7 @@ class GroupSearchMixin:
     """``search_groups`` / ``asearch_groups`` for :class:`~gpuprompt.VectorIndex` (mixed into it)."""
 
     def search_groups(
-        self: VectorIndex, query: Any, k: int, *, group_by: str | Sequence[str], filter: Mapping[str, Any] | None = None
+        self: IndexLike, query: Any, k: int, *, group_by: str | Sequence[str], filter: Mapping[str, Any] | None = None
     ) -> list[Hit]:
         """The best record of each of the ``k`` best groups, best first (``query``: one vector).
 
@@ -87,7 +87,7 @@ class GroupSearchMixin:
             return done.value
 
     async def asearch_groups(
-        self: VectorIndex, query: Any, k: int, *, group_by: str | Sequence[str], filter: Mapping[str, Any] | None = None
+        self: IndexLike, query: Any, k: int, *, group_by: str | Sequence[str], filter: Mapping[str, Any] | None = None
     ) -> list[Hit]:
         """Async :meth:`search_groups` (the searches join the batch worker's batches)."""
         plan = _plan(check_k(k), _fields(group_by), self.count)

@@ -9,7 +9,7 @@ matching ids, so each query gets ``min(k, matches)`` hits, as from VectorIndex.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
@@ -18,9 +18,6 @@ from gpuprompt.index._milvus_filters import literal
 from gpuprompt.index._search import SearchRequest
 from gpuprompt.index._types import Hit
 from gpuprompt.index.filters import Predicate, compile_filter
-
-if TYPE_CHECKING:
-    from gpuprompt.index._milvus import MilvusIndex
 
 __all__ = ["LIMIT_CAP", "check_server_k", "run_milvus_batch"]
 
@@ -31,7 +28,7 @@ _COUNT_ABOVE = 1_024  # a k above this is first cut to the collection's size
 _Found = tuple[Hit, Any]  # a hit and its vector (None unless MMR asked for vectors)
 
 
-def check_server_k(index: MilvusIndex, k: int, name: str = "k") -> None:
+def check_server_k(index: Any, k: int, name: str = "k") -> None:
     """Refuse a ``k`` over Milvus's topk limit on a server (Milvus Lite has none)."""
     if not index.options.is_lite and k > LIMIT_CAP:
         raise InvalidInputError(
@@ -39,7 +36,7 @@ def check_server_k(index: MilvusIndex, k: int, name: str = "k") -> None:
         )
 
 
-def run_milvus_batch(index: MilvusIndex, client: Any, requests: list[SearchRequest]) -> list[Any]:
+def run_milvus_batch(index: Any, client: Any, requests: list[SearchRequest]) -> list[Any]:
     """Answer a batch of search / MMR requests (per request: one list of hits per query)."""
     results: list[Any] = [None] * len(requests)
     groups: dict[str | None, list[int]] = {}
@@ -66,7 +63,7 @@ def run_milvus_batch(index: MilvusIndex, client: Any, requests: list[SearchReque
 
 
 def _search(
-    index: MilvusIndex, client: Any, queries: np.ndarray, k: int, filter: Mapping[str, Any] | None, with_vectors: bool
+    index: Any, client: Any, queries: np.ndarray, k: int, filter: Mapping[str, Any] | None, with_vectors: bool
 ) -> list[list[_Found]]:
     options = index.options
     expr = index._expression(filter)
@@ -103,7 +100,7 @@ def _search(
 
 
 def _exactly(
-    index: MilvusIndex,
+    index: Any,
     client: Any,
     queries: np.ndarray,
     k: int,

@@ -10,7 +10,7 @@ import weakref
 from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
@@ -21,9 +21,6 @@ from gpuprompt.index._mmr import mmr_rerank
 from gpuprompt.index._store import Allowed, Store, copy_json
 from gpuprompt.index._types import Hit
 from gpuprompt.index.filters import compile_filter
-
-if TYPE_CHECKING:
-    from gpuprompt.index._index import VectorIndex
 
 __all__ = ["FilterCache", "SearchRequest", "make_request", "request_cost", "run_batch", "search_batcher"]
 
@@ -65,7 +62,7 @@ def request_cost(request: SearchRequest) -> int:
     return int(request.queries.shape[0])
 
 
-def search_batcher(index: VectorIndex) -> MicroBatcher[SearchRequest, Any]:
+def search_batcher(index: Any) -> MicroBatcher[SearchRequest, Any]:
     """The search queue of ``index``: its batches run :meth:`VectorIndex._run_batch`.
 
     The worker thread holds the index only weakly, so an index dropped without ``close()`` is

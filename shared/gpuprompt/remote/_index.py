@@ -11,12 +11,9 @@ again with every other client's.
 from __future__ import annotations
 
 import asyncio
-import base64
-import json
 import re
 import threading
-import weakref
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -25,37 +22,46 @@ import numpy as np
 
 from gpuprompt.batching import BatcherStats, MicroBatcher
 from gpuprompt.bridge import off_loop
+from gpuprompt.embed import validate_texts
 from gpuprompt.errors import (
     ClosedError,
     ConfigurationError,
     EmbedderMismatchError,
     EngineError,
     InvalidInputError,
-    QueueFullError,
-    RequestTimeoutError,
-    describe,
 )
-from gpuprompt.embed import validate_texts
-from gpuprompt.index._checks import check_filter, check_id_list, check_k, check_upsert, is_tensor
+from gpuprompt.index._checks import check_filter, check_id_list, check_k, check_upsert
 from gpuprompt.index._config import MAX_DIM, check_embedder_args
 from gpuprompt.index._groups import GroupSearchMixin
 from gpuprompt.index._mmr import check_mmr, check_one_query
-from gpuprompt.index._search import SearchRequest, make_request, request_cost
+from gpuprompt.index._search import SearchRequest, make_request
 from gpuprompt.index._types import Hit, IndexStats, Record
 from gpuprompt.remote._client import SERVICE, RemoteClient, client_for
 from gpuprompt.remote._config import RemoteConfig
 from gpuprompt.validation import check_choice, check_int, check_number, check_str, fail
-from gpuprompt.wire import COLLECTION_NAME_PATTERN, MAX_IDS_PER_REQUEST, MAX_RECORDS_PER_REQUEST, encode_vectors, redact
+from gpuprompt.wire import COLLECTION_NAME_PATTERN, MAX_IDS_PER_REQUEST, redact
 
 if TYPE_CHECKING:
-    from gpuprompt.index._checks import Upsert
+    pass
+from gpuprompt.remote._index_wire import (
+    BODY_BUDGET,
+    TextSearch,
+    _batcher,
+    _chunks,
+    _hit,
+    _ids,
+    _object,
+    _records,
+    _search_body,
+    _size,
+    _upsert_bodies,
+)
 
 __all__ = ["COLLECTION_NAME_PATTERN", "RemoteIndex"]
 
 """Server collection names (the server's own pattern, repeated here so no server module is imported)."""
 METRICS = ("cosine", "ip", "l2")
 _GET_CHUNK = 1024  # ids per get request: an answer carries every vector (about 2 KiB each at 384 dims)
-_BODY_BUDGET = 8 * 1024 * 1024  # bytes per request body we aim under (the server's default limit is 16 MiB)
 _ASYNC_INLINE = 1 << 16  # numbers validated on the loop thread; more are checked in a worker thread
 _EMPTY_STATS = BatcherStats(0, 0, 0.0, 0, 0.0, 0.0, 0, 0, 0, 0)
 
@@ -504,7 +510,7 @@ class RemoteIndex(GroupSearchMixin):
 
     def _queries_per_request(self) -> int:
         dim = self._served.dim if self._served is not None else 1
-        return max(1, min(4096, _BODY_BUDGET // (dim * 6)))  # base64 float32: 16/3 bytes per number, and room
+        return max(1, min(4096, BODY_BUDGET // (dim * 6)))  # base64 float32: 16/3 bytes per number, and room
 
     def _submit(self, request: SearchRequest) -> Any:
         batcher = self._batcher
@@ -582,126 +588,3 @@ class RemoteIndex(GroupSearchMixin):
 
 
 # ---------------------------------------------------------------------- helpers
-def _size(value: Any) -> int:
-    size = getattr(value, "size", None)
-    if callable(size):  # a torch tensor's size() is its shape
-        size = value.numel()
-    return size if isinstance(size, int) else 0
-
-
-def _chunks(items: list[str], size: int) -> Iterator[list[str]]:
-    for start in range(0, len(items), size):
-        yield items[start:start + size]
-
-
-def _b64(matrix: Any) -> str:
-    if is_tensor(matrix):
-        matrix = matrix.detach().cpu().numpy()
-    return encode_vectors(matrix)
-
-
-def _upsert_bodies(upsert: Upsert, embedder: str | None, allow_other: bool) -> Iterator[dict[str, Any]]:
-    """The upsert request bodies of a checked add: at most 2048 records and about 8 MiB each."""
-    row_bytes = upsert.vectors.shape[1] * 16 // 3 + 64
-    start, n = 0, len(upsert.unique_ids)
-    while start < n:
-        end, budget = start, 0
-        while end < n and end - start < MAX_RECORDS_PER_REQUEST:
-            document, metadata = upsert.documents[end], upsert.metadatas[end]
-            cost = row_bytes + len(upsert.unique_ids[end]) * 4 + (len(document) * 4 if document else 0)
-            cost += len(json.dumps(metadata, ensure_ascii=False)) * 2 if metadata else 0
-            if end > start and budget + cost > _BODY_BUDGET:
-                break
-            budget += cost
-            end += 1
-        documents = upsert.documents[start:end]
-        yield {
-            "ids": upsert.unique_ids[start:end],
-            "vectors": _b64(upsert.vectors[start:end]),
-            "documents": documents if any(d is not None for d in documents) else None,
-            "metadatas": upsert.metadatas[start:end],
-            "embedder": embedder,
-            "allow_other_embedder": allow_other,
-        }
-        start = end
-
-
-@dataclass(frozen=True)
-class TextSearch:
-    """A queued search by query texts (the server embeds them)."""
-
-    texts: list[str]
-    k: int
-    filter: Mapping[str, Any] | None
-    key: str | None
-    mmr: tuple[int, float] | None = None
-
-
-def _cost(request: SearchRequest | TextSearch) -> int:
-    return len(request.texts) if isinstance(request, TextSearch) else request_cost(request)
-
-
-def _search_body(request: SearchRequest | TextSearch) -> dict[str, Any]:
-    if isinstance(request, TextSearch):
-        return {"texts": request.texts, "k": request.k, "filter": request.filter}
-    body: dict[str, Any] = {"queries": _b64(request.queries), "k": request.k, "filter": request.filter}
-    if request.mmr is not None:
-        body["mmr"] = {"k": request.mmr[0], "lambda_mult": request.mmr[1]}
-    return body
-
-
-def _object(answer: Any, where: str) -> dict[str, Any]:
-    if not isinstance(answer, dict):
-        raise EngineError(f"{where} sent {describe(answer)} where a JSON object was expected; is base_url a "
-                          "gpuprompt server?")
-    return answer
-
-
-def _hit(item: Mapping[str, Any]) -> Hit:
-    metadata = item.get("metadata") or {}
-    if not isinstance(metadata, dict):
-        raise TypeError(f"hit metadata must be an object (got {describe(metadata)})")
-    return Hit(str(item["id"]), float(item["score"]), item.get("document"), metadata)
-
-
-def _vector(value: Any) -> np.ndarray:
-    if isinstance(value, str):
-        return np.frombuffer(base64.b64decode(value, validate=True), dtype="<f4").astype(np.float32)
-    return np.asarray(value, dtype=np.float32)
-
-
-def _records(answer: Any, where: str) -> list[Record]:
-    try:
-        return [Record(str(item["id"]), _vector(item["vector"]), item.get("document"), dict(item.get("metadata") or {}))
-                for item in _object(answer, where)["data"]]
-    except (KeyError, TypeError, ValueError) as exc:
-        raise EngineError(f"{where} sent a malformed records answer ({exc!r}).") from exc
-
-
-def _ids(answer: Any, where: str) -> list[str]:
-    ids = _object(answer, where).get("ids")
-    if not isinstance(ids, list) or not all(isinstance(i, str) for i in ids):
-        raise EngineError(f"{where} sent a malformed ids answer.")
-    return ids
-
-
-def _batcher(index: RemoteIndex, max_batch_cost: int) -> MicroBatcher[SearchRequest, Any]:
-    ref = weakref.ref(index)
-
-    def run(requests: list[SearchRequest]) -> list[Any]:
-        target = ref()
-        if target is None:
-            raise ClosedError("the RemoteIndex behind this search was garbage-collected.")
-        return target._run_batch(requests)
-
-    batcher: MicroBatcher[SearchRequest, Any] = MicroBatcher(
-        run,
-        name="remote-search",
-        cost=_cost,
-        max_batch_cost=max_batch_cost,
-        # Only a refused search is worth isolating; a busy, slow or gone server fails the whole batch.
-        fatal=(EngineError, ClosedError, QueueFullError, RequestTimeoutError),
-        **index._batch_options,
-    )
-    weakref.finalize(index, batcher.close, timeout=0)
-    return batcher

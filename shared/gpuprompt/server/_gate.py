@@ -13,8 +13,8 @@ import time
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
-from gpuprompt.server.errors import error_body
 from gpuprompt.server._metrics import Metrics
+from gpuprompt.server.errors import error_body
 
 __all__ = ["Gate"]
 

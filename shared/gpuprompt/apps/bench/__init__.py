@@ -13,13 +13,14 @@ from gpuprompt.apps.bench._registry import (
     Chart,
     Scenario,
     ScenarioResult,
+    registered,
     run_scenario,
     scenario,
-    scenarios,
     write_summary,
 )
 
-__all__ = ["BenchContext", "Chart", "Scenario", "ScenarioResult", "run_scenario", "scenario", "scenarios", "write_summary"]
+__all__ = ["BenchContext", "Chart", "Scenario", "ScenarioResult", "registered", "run_scenario", "scenario", "scenarios",
+           "write_summary"]
 
 logger = logging.getLogger(__name__)
 
@@ -48,3 +49,9 @@ def _load_all() -> None:
             if exc.name == module:
                 continue  # not written yet in this checkout
             logger.warning("bench scenarios in %s unavailable: %s", module, exc)
+
+
+def scenarios() -> dict[str, Scenario]:
+    """Every scenario, by name (imports the scenario modules, which register themselves)."""
+    _load_all()
+    return registered()

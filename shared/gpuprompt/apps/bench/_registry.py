@@ -134,11 +134,8 @@ def scenario(name: str, description: str) -> Callable[[Callable[[BenchContext], 
     return register
 
 
-def scenarios() -> dict[str, Scenario]:
-    """Every registered scenario, by name (imports the scenario modules)."""
-    from gpuprompt.apps.bench import _load_all
-
-    _load_all()
+def registered() -> dict[str, Scenario]:
+    """The scenarios registered so far, by name (:func:`gpuprompt.apps.bench.scenarios` loads them all first)."""
     return dict(_SCENARIOS)
 
 
@@ -166,8 +163,9 @@ def environment() -> dict[str, Any]:
 
 
 def run_scenario(name: str, ctx: BenchContext) -> ScenarioResult:
-    """Run one scenario, write ``<out>/<name>.json`` and ``<out>/<name>.png``, return its result."""
-    table = scenarios()
+    """Run one registered scenario (:func:`gpuprompt.apps.bench.scenarios` registers them all), write
+    ``<out>/<name>.json`` and ``<out>/<name>.png``, return its result."""
+    table = registered()
     if name not in table:
         raise ConfigurationError(f"unknown bench scenario {name!r}; choose from {sorted(table)} or 'all'.")
     ctx.out_dir.mkdir(parents=True, exist_ok=True)

@@ -88,7 +88,10 @@ def _rss_bytes(pids: list[int]) -> int:
 
 # ---------------------------------------------------------------------- one worker (child process)
 def _worker_inproc(args: argparse.Namespace) -> dict[str, Any]:
-    from gpuprompt import Embedder, LLMEngine, RAGPipeline, VectorIndex
+    from gpuprompt.embed import Embedder
+    from gpuprompt.index import VectorIndex
+    from gpuprompt.llm import LLMEngine
+    from gpuprompt.rag import RAGPipeline
     from gpuprompt._corpus import catalogue
 
     products, _, max_tokens = _sizes(args.quick)

@@ -19,7 +19,7 @@ import numpy as np
 from gpuprompt.errors import ConfigurationError, DependencyError
 
 if TYPE_CHECKING:
-    from gpuprompt.apps.bulk._run import RayOptions, Shard, _Job
+    from gpuprompt.apps.bulk._shards import RayOptions, Shard
     from gpuprompt.embed import EmbedderConfig
 
 __all__ = ["LOOPBACK", "EmbedActor", "embed_on_ray", "import_ray"]
@@ -80,7 +80,7 @@ class EmbedActor:
 
 
 def embed_on_ray(
-    shards: Iterator[Shard], job: _Job, config: EmbedderConfig, batch_size: int, options: RayOptions, bar: Any
+    shards: Iterator[Shard], job: Any, config: EmbedderConfig, batch_size: int, options: RayOptions, bar: Any
 ) -> tuple[int, int, int]:
     """Embed every shard that is not done on a Ray Data actor pool and write it through ``job``.
 
@@ -106,7 +106,7 @@ def embed_on_ray(
 
 
 def _run(
-    ray: Any, pending: list[Shard], job: _Job, config: EmbedderConfig, batch_size: int, options: RayOptions, bar: Any
+    ray: Any, pending: list[Shard], job: Any, config: EmbedderConfig, batch_size: int, options: RayOptions, bar: Any
 ) -> tuple[int, int]:
     import pyarrow as pa
     from ray.data import ActorPoolStrategy, DataContext

@@ -9,21 +9,20 @@ not embedded again.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import json
 import logging
 import os
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from functools import cached_property
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gpuprompt.apps.bulk._chunk import DEFAULT_CHUNK_OVERLAP, DEFAULT_CHUNK_SIZE
 from gpuprompt.apps.bulk._progress import Progress, fingerprint
 from gpuprompt.apps.bulk._read import BulkInput, Chunk, ReadOptions, fields_tuple
-from gpuprompt.apps.bulk._writers import BulkWriter, open_writer
-from gpuprompt.errors import ConfigurationError
+from gpuprompt.apps.bulk._shards import RayOptions, Shard
+from gpuprompt.apps.bulk._writers import BulkWriter, SnapshotWriter, is_milvus_target
+from gpuprompt.errors import ConfigurationError, InputTypeError, describe
 from gpuprompt.validation import check_bool, check_int, check_str, fail
 
 if TYPE_CHECKING:
@@ -40,57 +39,6 @@ DEFAULT_CHECKPOINT_EVERY = 10_000
 """Chunks written between two commits of the target (and of the progress file)."""
 
 _MAX = 2**31 - 1
-
-
-@dataclass(frozen=True)
-class Shard:
-    """``batch_size`` consecutive chunks of the stream (the last shard may hold fewer).
-
-    Its :attr:`digest` covers every chunk's id, text and metadata: a re-run skips a shard only if
-    the same number was written with the same contents, so after an edit of the input only the
-    shards from the edit on are embedded again.
-    """
-
-    number: int
-    chunks: list[Chunk]
-
-    @cached_property
-    def digest(self) -> str:
-        h = hashlib.sha256()
-        for chunk in self.chunks:
-            for part in (chunk.id, chunk.text, json.dumps(chunk.metadata, sort_keys=True, ensure_ascii=False)):
-                data = part.encode("utf-8")
-                h.update(len(data).to_bytes(8, "little"))
-                h.update(data)
-        return h.hexdigest()[:32]
-
-
-@dataclass(frozen=True, kw_only=True)
-class RayOptions:
-    """How the Ray path runs.
-
-    Attributes:
-        address: the cluster to join (``"auto"``, ``"ray://host:10001"``...), or None: use the
-            running one if ``ray.init`` was called, else start a local cluster bound to loopback.
-        num_cpus: CPUs reserved per embedder actor.
-        num_gpus: GPUs per embedder actor (0 on CPU clusters; 1 puts one embedder on each GPU).
-        concurrency: embedder actors; None = as many as the cluster's CPUs (or GPUs) allow.
-    """
-
-    address: str | None = None
-    num_cpus: float = 1.0
-    num_gpus: float = 0.0
-    concurrency: int | None = None
-
-    def __post_init__(self) -> None:
-        from gpuprompt.validation import check_number, check_str
-
-        check_str(self.address, "address", allow_none=True, allow_empty=False, error=ConfigurationError)
-        object.__setattr__(self, "num_cpus", check_number(self.num_cpus, "num_cpus", min=0, max=1e6, error=ConfigurationError))
-        object.__setattr__(self, "num_gpus", check_number(self.num_gpus, "num_gpus", min=0, max=1e6, error=ConfigurationError))
-        check_int(self.concurrency, "concurrency", min=1, max=100_000, allow_none=True, error=ConfigurationError)
-        if self.num_cpus == 0 and self.num_gpus == 0:
-            raise ConfigurationError("'num_cpus' and 'num_gpus' must not both be 0: an actor needs a CPU or a GPU.")
 
 
 @dataclass(frozen=True)
@@ -372,3 +320,19 @@ def _bar(total: int | None, show: bool) -> Any:
 
     return tqdm(total=total, desc="Indexing", unit="chunk", disable=not show, dynamic_ncols=True)
 
+
+def open_writer(into: str | os.PathLike[str], *, dim: int, embedder: str, collection: str | None = None) -> BulkWriter:
+    """The writer for ``into``: a snapshot folder, or a Milvus URI (``http://...`` or ``*.db``).
+
+    Raises:
+        InputTypeError: ``into`` is not a path or URI.
+        SnapshotError: ``into`` exists but is not a snapshot (nothing is changed).
+        DependencyError: a Milvus target without ``pymilvus`` installed.
+    """
+    if not isinstance(into, (str, os.PathLike)) or not os.fspath(into):
+        raise InputTypeError(f"'into' must be a snapshot folder path or a Milvus URI (got {describe(into)}).")
+    if is_milvus_target(into):
+        from gpuprompt.apps.bulk._milvus import MilvusWriter
+
+        return MilvusWriter(os.fspath(into), dim=dim, embedder=embedder, collection=collection)
+    return SnapshotWriter(Path(into), dim=dim, embedder=embedder)

@@ -12,14 +12,14 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-from gpuprompt.errors import DimensionMismatchError, InputTypeError, describe
+from gpuprompt.errors import DimensionMismatchError
 
 if TYPE_CHECKING:
     import numpy as np
 
     from gpuprompt.index import VectorIndex
 
-__all__ = ["BulkWriter", "SnapshotWriter", "open_writer"]
+__all__ = ["BulkWriter", "SnapshotWriter", "is_milvus_target", "stale_ids"]
 
 _MILVUS_PREFIXES = ("http://", "https://", "tcp://", "unix:")
 
@@ -115,20 +115,3 @@ def is_milvus_target(into: str | os.PathLike[str]) -> bool:
     """Whether ``into`` names a Milvus collection: a server URI or a Milvus Lite ``.db`` file."""
     text = os.fspath(into)
     return text.startswith(_MILVUS_PREFIXES) or text.endswith(".db")
-
-
-def open_writer(into: str | os.PathLike[str], *, dim: int, embedder: str, collection: str | None = None) -> BulkWriter:
-    """The writer for ``into``: a snapshot folder, or a Milvus URI (``http://...`` or ``*.db``).
-
-    Raises:
-        InputTypeError: ``into`` is not a path or URI.
-        SnapshotError: ``into`` exists but is not a snapshot (nothing is changed).
-        DependencyError: a Milvus target without ``pymilvus`` installed.
-    """
-    if not isinstance(into, (str, os.PathLike)) or not os.fspath(into):
-        raise InputTypeError(f"'into' must be a snapshot folder path or a Milvus URI (got {describe(into)}).")
-    if is_milvus_target(into):
-        from gpuprompt.apps.bulk._milvus import MilvusWriter
-
-        return MilvusWriter(os.fspath(into), dim=dim, embedder=embedder, collection=collection)
-    return SnapshotWriter(Path(into), dim=dim, embedder=embedder)

@@ -27,12 +27,13 @@ from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter
 from fastapi.responses import Response
+from pydantic import AfterValidator, BaseModel
+
 from gpuprompt.answer_cache import DEFAULT_MAX_ENTRIES, DEFAULT_TTL_SECONDS
 from gpuprompt.server._http import json_response
 from gpuprompt.server.schemas.base import Text, _number, _run, _Strict
 from gpuprompt.server.state import State
 from gpuprompt.wire import MAX_ANSWER_BYTES, check_answer
-from pydantic import AfterValidator, BaseModel
 
 __all__ = [
     "MAX_ANSWER_BYTES",

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import Response, StreamingResponse
+
 from gpuprompt.errors import ContextLengthError, InvalidInputError
 from gpuprompt.server._http import SSE_HEADERS, all_or_none, json_response, sse, until_disconnect
 from gpuprompt.server.errors import ApiError, error_event

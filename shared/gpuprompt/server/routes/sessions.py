@@ -29,13 +29,14 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from fastapi import APIRouter
 from fastapi.responses import Response
+from pydantic import BaseModel, Field
+
 from gpuprompt.context import MAX_SESSION_ID_LENGTH as _CACHE_KEY_LENGTH
 from gpuprompt.server._http import json_response
 from gpuprompt.server.schemas.base import Text, _int, _Strict
 from gpuprompt.server.state import State
 from gpuprompt.validation import INT64_MAX, check_str
 from gpuprompt.wire import MAX_TURNS_PER_REQUEST
-from pydantic import BaseModel, Field
 
 if TYPE_CHECKING:
     from gpuprompt.context import Turn
