@@ -6,7 +6,7 @@ from __future__ import annotations
 import random
 from typing import Any
 
-__all__ = ["SCRIPT", "catalogue", "customer_questions"]
+__all__ = ["SCRIPT", "catalogue", "customer_questions", "prose_paragraphs"]
 
 _TYPES = ["dress", "t-shirt", "jeans", "sweater", "rain jacket", "skirt", "shirt", "hoodie", "coat", "shorts"]
 _COLOURS = ["red", "navy", "olive", "black", "white", "mustard", "grey", "teal", "burgundy", "beige"]
@@ -74,3 +74,18 @@ def customer_questions(n: int, seed: int = 11) -> list[str]:
     ]
     return [rng.choice(templates).format(c=rng.choice(_COLOURS), t=rng.choice(_TYPES), m=rng.choice(_MATERIALS)[0])
             for _ in range(n)]
+
+
+def prose_paragraphs(min_chars: int = 200) -> list[str]:
+    """Paragraphs of real English prose that ship with every Python: the language reference's
+    topics (``pydoc_data.topics``), code examples left out. Deterministic (sorted by topic)."""
+    from pydoc_data.topics import topics
+
+    out = []
+    for name in sorted(topics):
+        for paragraph in topics[name].split("\n\n"):
+            text = " ".join(paragraph.split())
+            if len(text) >= min_chars and not paragraph.lstrip().startswith((">>>", "...")) \
+                    and not paragraph.startswith("   "):
+                out.append(text)
+    return out

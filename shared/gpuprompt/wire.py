@@ -96,11 +96,14 @@ __all__ = [
     "MAX_IDS_PER_REQUEST",
     "MAX_RECORDS_PER_REQUEST",
     "MAX_RECORD_ID_LENGTH",
+    "MAX_RERANK_DOCUMENTS",
     "MAX_SEARCHES_PER_REQUEST",
     "MAX_TOKENS_LIMIT",
     "MAX_TURNS_PER_REQUEST",
     "METRICS",
     "MODELS",
+    "RERANK",
+    "SCORE",
     "RETRY_STATUSES",
     "SESSION_HEADER",
     "WireError",
@@ -175,6 +178,8 @@ MAX_SEARCHES_PER_REQUEST = 1024
 """Most searches (each one or more query vectors) per search request."""
 MAX_RECORD_ID_LENGTH = 4096
 """Longest record id (Milvus's limit, so one id works with either index)."""
+MAX_RERANK_DOCUMENTS = 1000
+"""Most documents per rerank request (and pairs per score request); clients split more."""
 MAX_TURNS_PER_REQUEST = 2048
 """Most turns appended to a session in one request."""
 MAX_ANSWER_BYTES = 1024 * 1024

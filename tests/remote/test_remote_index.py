@@ -349,6 +349,6 @@ def test_api_key_is_sent_and_a_wrong_one_is_refused(live_keyed: Any, queries) ->
 
 def test_the_collection_name_pattern_is_the_servers() -> None:
     from gpuprompt.remote._index import COLLECTION_NAME_PATTERN
-    from gpuprompt.server._collections import COLLECTION_NAME_PATTERN as SERVER_PATTERN
+    from gpuprompt.wire import COLLECTION_NAME_PATTERN as SERVER_PATTERN
 
     assert COLLECTION_NAME_PATTERN == SERVER_PATTERN

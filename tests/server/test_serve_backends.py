@@ -15,7 +15,7 @@ from server_helpers import LiveServer, start_server
 
 from gpuprompt.errors import ConfigurationError
 from gpuprompt.server import ServerConfig, create_app
-from gpuprompt.server._collections import milvus_collection, server_name
+from gpuprompt.server._collection import milvus_collection, server_name
 
 DOCS = [
     "The Aurora dress is red, made of cotton, and costs 49 euros.",

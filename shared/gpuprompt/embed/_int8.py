@@ -34,7 +34,6 @@ compiled graph), not a drop-in forward swap; onnxruntime's CPU kernels used here
 
 from __future__ import annotations
 
-import itertools
 import threading
 import warnings
 from collections.abc import Iterator, Sequence
@@ -44,7 +43,7 @@ from typing import Any
 
 import numpy as np
 
-from gpuprompt._int8 import session
+from gpuprompt._int8 import row_slices, session
 from gpuprompt.errors import ModelLoadError
 
 __all__ = ["GUARD_BATCH", "RECIPE", "Int8Forward", "calibration_batches", "calibration_texts", "export_onnx"]
@@ -101,24 +100,8 @@ class Int8Forward:
 
     def _slices(self, mask: Any) -> list[tuple[int, int, int]]:
         """``(start, stop, length)`` row slices of about equal token count, one per thread."""
-        lengths = mask.sum(dim=1).tolist()
-        rows = len(lengths)
-        width = int(mask.shape[1])
-        parts = min(self._threads, rows)
-        bounds = [0]
-        if parts > 1:
-            total, running, k = sum(lengths), 0, 1
-            for i, n in enumerate(lengths):
-                running += n
-                if k < parts and running >= total * k / parts and i + 1 < rows:
-                    bounds.append(i + 1)
-                    k += 1
-        bounds.append(rows)
-        out = []
-        for start, stop in itertools.pairwise(bounds):
-            length = max(lengths[start:stop]) if self._right_padded else width
-            out.append((start, stop, max(1, int(length))))
-        return out
+        return row_slices(mask.sum(dim=1).tolist(), self._threads, width=int(mask.shape[1]),
+                          right_padded=self._right_padded)
 
     def _run(self, features: dict[str, Any], part: tuple[int, int, int]) -> Any:
         start, stop, length = part

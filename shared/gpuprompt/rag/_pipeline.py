@@ -7,6 +7,7 @@ turn, and the session's history embeddings are never recomputed.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -23,6 +24,7 @@ if TYPE_CHECKING:
     from gpuprompt.embed import Embedder
     from gpuprompt.index import Hit, IndexLike
     from gpuprompt.llm import LLMEngine, Usage
+    from gpuprompt.protocols import RerankerLike
 
 __all__ = ["DEFAULT_SYSTEM_PROMPT", "RAGAnswer", "RAGPipeline", "StageTimings", "format_facts"]
 
@@ -43,6 +45,8 @@ class StageTimings:
         context_s: picking the session's history window (on the device, no re-encoding).
         generate_s: LLM generation (batched with concurrent requests).
         total_s: the whole answer, recording the turn included.
+        rerank_s: reranking the retrieved candidates with the cross-encoder (batched with
+            concurrent calls); 0 without a reranker.
     """
 
     embed_s: float
@@ -50,6 +54,7 @@ class StageTimings:
     context_s: float
     generate_s: float
     total_s: float
+    rerank_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -60,7 +65,8 @@ class RAGAnswer:
         session_id: the conversation it belongs to.
         question: the customer's question.
         answer: the generated answer.
-        sources: the retrieved records that were given to the model, best first.
+        sources: the retrieved records that were given to the model, best first (with a reranker:
+            in its order, each ``score`` the cross-encoder's).
         history: the earlier turns that were given to the model, chronological.
         usage: the engine's token counts.
         finish_reason: the engine's finish reason.
@@ -105,6 +111,10 @@ class RAGPipeline:
         index: the knowledge base (vectors from ``embedder``, documents stored as text).
         llm: the generation engine.
         embedder: embeds questions (default: the runtime's shared embedder).
+        reranker: a cross-encoder (a :class:`~gpuprompt.Reranker`, or any
+            :class:`~gpuprompt.protocols.RerankerLike`) that reorders ``fetch_k`` retrieved
+            candidates and keeps the best ``k``; None keeps the index's order.
+        fetch_k: candidates retrieved for the reranker (default ``max(20, 4 * k)``); needs ``reranker``.
         memory: the sessions' history (default: a new :class:`~gpuprompt.ContextCache` over
             ``embedder``).
         system_prompt: the fixed instructions; kept first so the prompt prefix is stable.
@@ -122,6 +132,8 @@ class RAGPipeline:
         *,
         embedder: Embedder | None = None,
         memory: ContextCache | None = None,
+        reranker: RerankerLike | None = None,
+        fetch_k: int | None = None,
         system_prompt: str = DEFAULT_SYSTEM_PROMPT,
         k: int = 4,
         history_turns: int = 6,
@@ -141,6 +153,13 @@ class RAGPipeline:
         _check_component("llm", llm, ("agenerate",), "a gpuprompt LLMEngine")
         _check_component("embedder", embedder, ("aembed_tensor",), "a gpuprompt Embedder or None", optional=True)
         _check_component("memory", memory, ("awindow", "aextend"), "a gpuprompt ContextCache or None", optional=True)
+        _check_component("reranker", reranker, ("arerank",), "a gpuprompt Reranker or None", optional=True)
+        check_int(fetch_k, "fetch_k", min=1, max=MAX_K, allow_none=True, error=ConfigurationError)
+        if fetch_k is not None and reranker is None:
+            raise ConfigurationError(
+                f"'fetch_k' ({fetch_k}) is how many candidates a reranker reorders, but no reranker was given: pass "
+                "reranker=..., or drop fetch_k (then k records are retrieved)."
+            )
         if embedder is None:
             from gpuprompt.runtime import get_runtime
 
@@ -153,6 +172,8 @@ class RAGPipeline:
         self.llm = llm
         self.embedder = embedder
         self.memory = memory
+        self.reranker = reranker
+        self.fetch_k = fetch_k
         self.system_prompt = system_prompt
         self.k = k
         self.history_turns = history_turns
@@ -204,8 +225,13 @@ class RAGPipeline:
         started = time.perf_counter()
         query = await self.embedder.aembed_tensor([question], priority=priority)
         embedded = time.perf_counter()
-        hits = (await self.index.asearch(query, k, filter=filter))[0]
+        fetch = k if self.reranker is None else max(k, self.fetch_k or max(20, 4 * k))
+        hits = (await self.index.asearch(query, fetch, filter=filter))[0]
         retrieved = time.perf_counter()
+        if self.reranker is not None and hits:
+            ranked = await self.reranker.arerank(question, [hit.document or "" for hit in hits], top_n=k)
+            hits = [dataclasses.replace(hits[r.index], score=r.score) for r in ranked]
+        reranked = time.perf_counter()
         history = await self.memory.awindow(
             session_id, query=question, max_turns=self.history_turns, max_tokens=self.history_tokens
         )
@@ -234,9 +260,10 @@ class RAGPipeline:
             timings=StageTimings(
                 embed_s=embedded - started,
                 retrieve_s=retrieved - embedded,
-                context_s=contextualised - retrieved,
+                context_s=contextualised - reranked,
                 generate_s=generated - contextualised,
                 total_s=finished - started,
+                rerank_s=reranked - retrieved,
             ),
         )
 

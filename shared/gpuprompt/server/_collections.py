@@ -24,12 +24,11 @@ import logging
 import threading
 import uuid
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from gpuprompt.bridge import off_loop
 from gpuprompt.errors import ConfigurationError
-from gpuprompt.index.durable import CollectionDropped, CollectionLog, DataDir, encode_delete, encode_upsert, purge
+from gpuprompt.index.durable import CollectionDropped, DataDir, encode_delete, encode_upsert, purge
 from gpuprompt.server.errors import ApiError
 from gpuprompt.wire import COLLECTION_NAME_PATTERN
 
@@ -43,8 +42,9 @@ if TYPE_CHECKING:
     from gpuprompt.rag import RAGPipeline
 
 T = TypeVar("T")
-from gpuprompt.server._collection_names import (
+from gpuprompt.server._collection import (
     MILVUS_PREFIX,
+    Collection,
     _discard,
     _serve_flags_for,
     milvus_collection,
@@ -66,23 +66,6 @@ __all__ = [
 _DROP_RETRIES = 3  # an upsert that keeps meeting a collection being dropped gives up after this many tries
 
 
-@dataclass
-class Collection:
-    """One collection: its index and its RAG pipeline (and, under a data dir, its log)."""
-
-    name: str
-    index: IndexLike
-    rag: RAGPipeline
-    log: CollectionLog | None = None
-    """Where its writes are logged before they are applied (None: not persisted by this server)."""
-    writers: asyncio.Lock = field(default_factory=asyncio.Lock, repr=False)
-    """Logged writes queue here, on the event loop, rather than each holding a worker thread."""
-
-    def session_key(self, session_id: str) -> str:
-        """The ContextCache key of a client's session in this collection."""
-        return f"{self.name}/{session_id}"
-
-
 class Collections:
     """The server's collections.
 
@@ -100,6 +83,8 @@ class Collections:
         data_dir: None, or a folder where the in-memory indexes are logged and snapshotted so
             they outlive the process (not with ``vector_uri``).
         checkpoint_every: acknowledged writes of one collection between two snapshots (with ``data_dir``).
+        reranker: reorders a collection chat's candidates (``--rerank-model``), or None.
+        rag_fetch_k: candidates a chat retrieves for the reranker (None: the pipeline's default).
 
     Raises:
         ConfigurationError: both ``vector_uri`` and ``data_dir``.
@@ -119,6 +104,8 @@ class Collections:
         vector_uri: str | None = None,
         data_dir: str | None = None,
         checkpoint_every: int = 1000,
+        reranker: Any = None,
+        rag_fetch_k: int | None = None,
     ) -> None:
         if vector_uri is not None and data_dir is not None:
             raise ConfigurationError(
@@ -131,6 +118,8 @@ class Collections:
         self.memory = memory
         self._device = device
         self._rag_k = rag_k
+        self._reranker = reranker
+        self._rag_fetch_k = rag_fetch_k if reranker is not None else None
         self._max_tokens = max_tokens
         self.max_collections = max_collections
         self.max_records = max_records
@@ -288,7 +277,8 @@ class Collections:
         from gpuprompt.rag import RAGPipeline
 
         return RAGPipeline(
-            index, self._llm, embedder=self._embedder, memory=self.memory, k=self._rag_k, max_tokens=self._max_tokens
+            index, self._llm, embedder=self._embedder, memory=self.memory, k=self._rag_k, max_tokens=self._max_tokens,
+            reranker=self._reranker, fetch_k=self._rag_fetch_k,
         )
 
     def _new(self, name: str) -> Collection:

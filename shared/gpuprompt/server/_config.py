@@ -43,6 +43,13 @@ class ServerConfig:
         default_max_tokens: tokens generated when a request names no ``max_tokens`` (the engine
             also caps it by the room left in the context window).
         rag_k: documents retrieved per question by the collection chat endpoint.
+        rerank_model: a cross-encoder to serve ``POST /v1/rerank`` (``/rerank``, ``/v2/rerank``,
+            ``/score``) with (a local folder or hub id); None serves no reranking (those routes
+            answer 404 naming ``--rerank-model``). Collection chat then reranks its candidates.
+        rerank_quantize: None, ``"int8"`` or ``"auto"`` for the reranker (see
+            :class:`~gpuprompt.rerank.RerankerConfig` ``quantize``).
+        rag_fetch_k: candidates a collection chat retrieves before reranking down to ``rag_k``
+            (with a ``rerank_model``; None: ``4 * rag_k``, at least 20).
         strict_model_names: refuse (404) a ``model`` field that does not name the endpoint's own
             served model (its full id or last path segment); False serves any name with the
             loaded models (for tools with a fixed model name).
@@ -91,6 +98,9 @@ class ServerConfig:
     embed_quantize: Literal["int8", "auto"] | None = None
     default_max_tokens: int = 512
     rag_k: int = 4
+    rerank_model: str | None = None
+    rerank_quantize: Literal["int8", "auto"] | None = None
+    rag_fetch_k: int | None = None
     strict_model_names: bool = True
     preload: bool = True
     max_collections: int = 64
@@ -113,6 +123,17 @@ class ServerConfig:
         _int("retry_after_s", self.retry_after_s, 0)
         _int("default_max_tokens", self.default_max_tokens, 1)
         _int("rag_k", self.rag_k, 1)
+        if self.rag_fetch_k is not None:
+            _int("rag_fetch_k", self.rag_fetch_k, 1)
+            if self.rag_fetch_k < self.rag_k:
+                raise ConfigurationError(
+                    f"'rag_fetch_k' ({self.rag_fetch_k}) must be at least 'rag_k' ({self.rag_k}): it is how many "
+                    "candidates are reranked down to rag_k."
+                )
+        if self.rerank_model is not None and (not isinstance(self.rerank_model, str) or not self.rerank_model.strip()):
+            raise ConfigurationError(f"'rerank_model' must be None or a non-empty str (got {describe(self.rerank_model)}).")
+        if self.rerank_quantize not in (None, "int8", "auto"):
+            raise ConfigurationError(f"'rerank_quantize' must be None, 'int8' or 'auto' (got {describe(self.rerank_quantize)}).")
         if self.max_model_len is not None:
             _int("max_model_len", self.max_model_len, 16)
         _int("max_collections", self.max_collections, 0)
@@ -168,6 +189,13 @@ class ServerConfig:
     def resolved_api_key(self) -> str | None:
         """The key in force: ``api_key``, else ``$GPUPROMPT_API_KEY``, else None (no auth)."""
         return self.api_key or os.environ.get(API_KEY_ENV) or None
+
+    def rerank_options(self) -> dict[str, Any]:
+        """The :class:`~gpuprompt.rerank.RerankerConfig` options of the served reranker."""
+        options: dict[str, Any] = {"device": self.device}
+        if self.rerank_quantize is not None:
+            options["quantize"] = self.rerank_quantize
+        return options
 
     def llm_options(self) -> dict[str, Any]:
         """The :class:`~gpuprompt.llm.LLMConfig` options (besides the model) this config asks for."""

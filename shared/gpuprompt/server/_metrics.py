@@ -196,6 +196,14 @@ class Metrics:
         self.embedding_inputs = Histogram(
             "gpuprompt_embedding_request_texts", "Texts per embedding request.", buckets=_SIZE_BUCKETS, registry=r
         )
+        self.rerank_latency = Histogram(
+            "gpuprompt_rerank_seconds", "Time to score one rerank (or score) request's pairs.",
+            buckets=_LATENCY_BUCKETS, registry=r,
+        )
+        self.rerank_documents = Histogram(
+            "gpuprompt_rerank_request_documents", "Documents (pairs) per rerank or score request.",
+            buckets=_SIZE_BUCKETS, registry=r,
+        )
         r.register(_CoreCollector(embedder, llm, memory, collections))
 
     def render(self) -> bytes:

@@ -53,6 +53,12 @@ class ServeSettings(BaseSettings):
     default_max_tokens: int = Field(ServerConfig.default_max_tokens, ge=1,
                                     description="tokens generated when a request names no max_tokens")
     rag_k: int = Field(ServerConfig.rag_k, ge=1, description="documents retrieved per collection chat turn")
+    rerank_model: str | None = Field(None, min_length=1, description="a cross-encoder (local folder or hub id) "
+                                     "serving /v1/rerank and reranking collection chat; unset: no reranking")
+    rerank_quantize: Literal["int8", "auto"] | None = Field(
+        None, description="int8 reranker forward pass on CPU (auto: int8 on CPU only); unset: full precision")
+    rag_fetch_k: int | None = Field(None, ge=1, description="candidates a collection chat retrieves before "
+                                    "reranking to --rag-k (with --rerank-model; unset: 4 x rag-k, at least 20)")
     max_collections: int = Field(ServerConfig.max_collections, ge=0,
                                  description="most vector collections; more get 409")
     max_collection_records: int = Field(ServerConfig.max_collection_records, ge=1,
@@ -91,6 +97,9 @@ class ServeSettings(BaseSettings):
             "retry_after_s": self.retry_after,
             "default_max_tokens": self.default_max_tokens,
             "rag_k": self.rag_k,
+            "rerank_model": self.rerank_model,
+            "rerank_quantize": self.rerank_quantize,
+            "rag_fetch_k": self.rag_fetch_k,
             "max_collections": self.max_collections,
             "max_collection_records": self.max_collection_records,
             "strict_model_names": not self.any_model_name,

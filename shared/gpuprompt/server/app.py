@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from gpuprompt.context import ContextCache
     from gpuprompt.embed import Embedder
     from gpuprompt.llm import LLMEngine
+    from gpuprompt.rerank import Reranker
 
 __all__ = ["create_app"]
 
@@ -40,6 +41,7 @@ def create_app(
     embedder: Embedder | None = None,
     llm: LLMEngine | None = None,
     memory: ContextCache | None = None,
+    reranker: Reranker | None = None,
     **options: Any,
 ) -> FastAPI:
     """Build the OpenAI-compatible FastAPI app over the batched core.
@@ -55,6 +57,8 @@ def create_app(
         embedder: the embedder to serve (default: the runtime's shared one for the config).
         llm: the engine to serve (default: the runtime's shared one for the config).
         memory: the conversation memory of collection chat (default: a new ContextCache).
+        reranker: the reranker of ``/v1/rerank`` and collection chat (default: the runtime's for
+            ``rerank_model``, or none).
         **options: :class:`ServerConfig` fields (``api_key``, ``max_body_bytes``,
             ``llm_backend``, ...).
 
@@ -72,7 +76,7 @@ def create_app(
         if unknown:
             raise ConfigurationError(f"unknown server option(s) {unknown}; valid options: {valid}.")
         config = ServerConfig(**options)
-    server = ServerState(config, embedder, llm, memory)
+    server = ServerState(config, embedder, llm, memory, reranker)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -95,6 +99,8 @@ def create_app(
                 if config.preload:
                     await server.embedder.aload()
                     await server.llm.aload()
+                    if server.reranker is not None:
+                        await server.reranker.aload()
                     server.loaded = True
                 if config.data_dir is not None:
                     # Snapshots loaded, logs replayed and checkpointed before the port opens.

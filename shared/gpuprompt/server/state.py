@@ -58,7 +58,7 @@ class ServerState:
             embedder = runtime.embedder(config.embedding_model, device=config.device, **options)
         if llm is None:
             llm = runtime.llm(config.chat_model, **config.llm_options())
-        if reranker is None and getattr(config, "rerank_model", None) is not None:
+        if reranker is None and config.rerank_model is not None:
             reranker = runtime.reranker(config.rerank_model, **config.rerank_options())
         if memory is None:
             from gpuprompt.context import ContextCache
@@ -79,6 +79,8 @@ class ServerState:
             memory=memory,
             device=config.device,
             rag_k=config.rag_k,
+            reranker=reranker,
+            rag_fetch_k=config.rag_fetch_k,
             max_tokens=config.default_max_tokens,
             max_collections=config.max_collections,
             max_records=config.max_collection_records,

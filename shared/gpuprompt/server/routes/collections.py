@@ -39,7 +39,7 @@ from fastapi.responses import Response
 
 from gpuprompt.bridge import off_loop
 from gpuprompt.errors import ContextLengthError, DimensionMismatchError, InvalidInputError
-from gpuprompt.server._collections import Collection, recorded_embedder
+from gpuprompt.server._collection import Collection, recorded_embedder
 from gpuprompt.server._http import all_or_none, json_response, until_disconnect
 from gpuprompt.server.errors import ApiError
 from gpuprompt.server.schemas.base import MAX_NAME_LENGTH, UsageModel

@@ -1,10 +1,13 @@
-"""How the server names and inspects its collections: the reversible Milvus collection names of
-``--vector-uri``, the embedder a collection recorded, and the serve flags that make its vectors."""
+"""One collection of the server (:class:`Collection`: its index, pipeline and log), how the server
+names it in Milvus (reversibly, for ``--vector-uri``), the embedder it recorded, and the serve flags
+that make its vectors."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import re
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, TypeVar
 
 from gpuprompt.wire import COLLECTION_NAME_PATTERN
@@ -13,11 +16,13 @@ logger = logging.getLogger("gpuprompt.server")
 
 if TYPE_CHECKING:
     from gpuprompt.index import IndexLike
+    from gpuprompt.index.durable import CollectionLog
+    from gpuprompt.rag import RAGPipeline
 
 T = TypeVar("T")
 
 
-__all__ = ["MILVUS_PREFIX", "milvus_collection", "recorded_embedder", "server_name"]
+__all__ = ["MILVUS_PREFIX", "Collection", "milvus_collection", "recorded_embedder", "server_name"]
 
 MILVUS_PREFIX = "gpuprompt_c_"
 """The prefix of the Milvus collections that hold a server's collections."""
@@ -72,3 +77,20 @@ def _serve_flags_for(identity: str) -> str:
     model, *flags = identity.split(";")
     quantize = "--embed-quantize int8" if "int8" in flags else "without --embed-quantize"
     return f"--embedding-model {model}, {quantize}"
+
+
+@dataclass
+class Collection:
+    """One collection: its index and its RAG pipeline (and, under a data dir, its log)."""
+
+    name: str
+    index: IndexLike
+    rag: RAGPipeline
+    log: CollectionLog | None = None
+    """Where its writes are logged before they are applied (None: not persisted by this server)."""
+    writers: asyncio.Lock = field(default_factory=asyncio.Lock, repr=False)
+    """Logged writes queue here, on the event loop, rather than each holding a worker thread."""
+
+    def session_key(self, session_id: str) -> str:
+        """The ContextCache key of a client's session in this collection."""
+        return f"{self.name}/{session_id}"
