@@ -2,7 +2,7 @@
 
 Change the imports of a working LangChain app and keep the chain::
 
-    from langchain_gpuprompt import ChatGPUPrompt, GPUPromptEmbeddings, GPUPromptVectorStore
+    from langchain_gpuprompt import ChatGPUPrompt, GPUPromptEmbeddings, GPUPromptReranker, GPUPromptVectorStore
 
 Importing this package loads no torch, faiss or vLLM, and constructing a class loads no model:
 each public name is imported on first use and each model on first call.
@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from langchain_gpuprompt._chat_history import GPUPromptChatMessageHistory
     from langchain_gpuprompt._chat_models import ChatGPUPrompt
     from langchain_gpuprompt._embeddings import GPUPromptEmbeddings
+    from langchain_gpuprompt._rerank import GPUPromptReranker
     from langchain_gpuprompt._store import GPUPromptStore
     from langchain_gpuprompt._vectorstores import GPUPromptVectorStore
 
@@ -25,6 +26,7 @@ _EXPORTS: dict[str, str] = {
     "ChatGPUPrompt": "langchain_gpuprompt._chat_models",
     "GPUPromptChatMessageHistory": "langchain_gpuprompt._chat_history",
     "GPUPromptEmbeddings": "langchain_gpuprompt._embeddings",
+    "GPUPromptReranker": "langchain_gpuprompt._rerank",
     "GPUPromptSemanticCache": "langchain_gpuprompt._cache",
     "GPUPromptStore": "langchain_gpuprompt._store",
     "GPUPromptVectorStore": "langchain_gpuprompt._vectorstores",
@@ -34,6 +36,7 @@ __all__ = [
     "ChatGPUPrompt",
     "GPUPromptChatMessageHistory",
     "GPUPromptEmbeddings",
+    "GPUPromptReranker",
     "GPUPromptSemanticCache",
     "GPUPromptStore",
     "GPUPromptVectorStore",

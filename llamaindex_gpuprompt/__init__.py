@@ -22,12 +22,14 @@ if TYPE_CHECKING:
     from llamaindex_gpuprompt._filters import to_core_filter
     from llamaindex_gpuprompt._llm import GPUPromptLLM
     from llamaindex_gpuprompt._memory import GPUPromptContextMemoryBlock
+    from llamaindex_gpuprompt._rerank import GPUPromptRerank
     from llamaindex_gpuprompt._vector_store import GPUPromptVectorStore
 
 _EXPORTS: dict[str, str] = {
     "GPUPromptContextMemoryBlock": "llamaindex_gpuprompt._memory",
     "GPUPromptEmbedding": "llamaindex_gpuprompt._embedding",
     "GPUPromptLLM": "llamaindex_gpuprompt._llm",
+    "GPUPromptRerank": "llamaindex_gpuprompt._rerank",
     "GPUPromptVectorStore": "llamaindex_gpuprompt._vector_store",
     "to_core_filter": "llamaindex_gpuprompt._filters",
 }
@@ -36,6 +38,7 @@ __all__ = [
     "GPUPromptContextMemoryBlock",
     "GPUPromptEmbedding",
     "GPUPromptLLM",
+    "GPUPromptRerank",
     "GPUPromptVectorStore",
     "to_core_filter",
 ]

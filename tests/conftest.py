@@ -82,3 +82,21 @@ def redis_server(redis_binary: str):
             yield server
         finally:
             server.stop()
+
+
+@pytest.fixture(scope="session")
+def cross_encoder_path(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A real MiniLM-L6 cross-encoder architecture with a seeded random head (no trained
+    cross-encoder ships offline; see gpuprompt.models.random_cross_encoder): real compute,
+    meaningless scores. Built once per session."""
+    from gpuprompt.models import random_cross_encoder
+
+    return str(random_cross_encoder(tmp_path_factory.mktemp("cross-encoder") / "model", seed=0))
+
+
+@pytest.fixture(scope="session")
+def reranker(cross_encoder_path: str):
+    """The session's Reranker on CPU over that cross-encoder (loaded once), as the Runtime shares it."""
+    from gpuprompt import get_runtime
+
+    return get_runtime().reranker(cross_encoder_path, device="cpu").load()

@@ -33,7 +33,8 @@ if TYPE_CHECKING:
         Usage,
     )
     from gpuprompt.rag import RAGAnswer, RAGPipeline, StageTimings
-    from gpuprompt.remote import RemoteConfig, RemoteEmbedder, RemoteLLM, RemoteRuntime
+    from gpuprompt.remote import RemoteConfig, RemoteEmbedder, RemoteLLM, RemoteReranker, RemoteRuntime
+    from gpuprompt.rerank import Reranker, RerankerConfig, RerankHit
     from gpuprompt.runtime import Runtime, connect, get_runtime, resolve_device
 
 _EXPORTS: dict[str, str] = {
@@ -67,6 +68,10 @@ _EXPORTS: dict[str, str] = {
     "RemoteConfig": "gpuprompt.remote",
     "RemoteEmbedder": "gpuprompt.remote",
     "RemoteLLM": "gpuprompt.remote",
+    "RemoteReranker": "gpuprompt.remote",
+    "Reranker": "gpuprompt.rerank",
+    "RerankerConfig": "gpuprompt.rerank",
+    "RerankHit": "gpuprompt.rerank",
     "RemoteRuntime": "gpuprompt.remote",
     "Runtime": "gpuprompt.runtime",
     "connect": "gpuprompt.runtime",

@@ -29,6 +29,11 @@ EXPECTED_ALL = [
     "RemoteConfig",
     "RemoteEmbedder",
     "RemoteLLM",
+    "RemoteReranker",
+    "RemoteRuntime",
+    "RerankHit",
+    "Reranker",
+    "RerankerConfig",
     "Runtime",
     "StageTimings",
     "StreamDelta",
@@ -40,6 +45,7 @@ EXPECTED_ALL = [
     "Usage",
     "VectorIndex",
     "__version__",
+    "connect",
     "errors",
     "get_runtime",
     "resolve_device",
@@ -56,7 +62,7 @@ def test_import_and_construction_load_no_heavy_library() -> None:
     code = (
         "import sys, gpuprompt\n"
         "from gpuprompt import Embedder, ContextCache, LLMEngine, MicroBatcher, MilvusIndex, Runtime, VectorIndex\n"
-        "Embedder(); LLMEngine(); VectorIndex(384); MilvusIndex(4); ContextCache(Embedder()); Runtime().embedder(batch_size=4)\n"
+        "Embedder(); LLMEngine(); VectorIndex(384); MilvusIndex(4); ContextCache(Embedder()); Runtime().embedder(batch_size=4); gpuprompt.Reranker(); gpuprompt.connect().reranker()\n"
         "Runtime().llm(backend='transformers')\n"
         "heavy = [m for m in ('torch', 'faiss', 'vllm', 'transformers', 'sentence_transformers', 'pymilvus', 'ray', 'redis', 'onnxruntime', 'xgrammar') if m in sys.modules]\n"
         "print(','.join(heavy))\n"

@@ -12,6 +12,7 @@ EXPECTED_ALL = [
     "ChatGPUPrompt",
     "GPUPromptChatMessageHistory",
     "GPUPromptEmbeddings",
+    "GPUPromptReranker",
     "GPUPromptSemanticCache",
     "GPUPromptStore",
     "GPUPromptVectorStore",
@@ -40,9 +41,9 @@ _PROBE = """
 import json, sys
 import langchain_gpuprompt
 from langchain_gpuprompt import (ChatGPUPrompt, GPUPromptChatMessageHistory, GPUPromptEmbeddings,
-    GPUPromptSemanticCache, GPUPromptStore, GPUPromptVectorStore)
+    GPUPromptReranker, GPUPromptSemanticCache, GPUPromptStore, GPUPromptVectorStore)
 objs = [GPUPromptEmbeddings(), ChatGPUPrompt(), GPUPromptVectorStore(GPUPromptEmbeddings()),
-        GPUPromptSemanticCache(), GPUPromptStore(), GPUPromptChatMessageHistory(session_id="s")]
+        GPUPromptSemanticCache(), GPUPromptStore(), GPUPromptChatMessageHistory(session_id="s"), GPUPromptReranker()]
 heavy = sorted(m for m in ("torch", "faiss", "vllm", "transformers", "sentence_transformers") if m in sys.modules)
 print(json.dumps(heavy))
 """

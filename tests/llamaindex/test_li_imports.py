@@ -11,6 +11,7 @@ EXPECTED_ALL = [
     "GPUPromptContextMemoryBlock",
     "GPUPromptEmbedding",
     "GPUPromptLLM",
+    "GPUPromptRerank",
     "GPUPromptVectorStore",
     "to_core_filter",
 ]
@@ -47,7 +48,7 @@ def test_import_loads_no_torch_nor_llama_index() -> None:
 def test_public_classes_and_construction_load_nothing_heavy() -> None:
     code = (
         "from llamaindex_gpuprompt import *\n"
-        "GPUPromptEmbedding(); GPUPromptVectorStore(); GPUPromptLLM(); GPUPromptContextMemoryBlock()\n"
+        "GPUPromptEmbedding(); GPUPromptVectorStore(); GPUPromptLLM(); GPUPromptContextMemoryBlock(); GPUPromptRerank()\n"
     )
     assert _heavy_modules_after(code) == []
 

@@ -36,7 +36,7 @@ if TYPE_CHECKING:
     from gpuprompt.remote._index import RemoteIndex
     from gpuprompt.remote._llm import RemoteLLM
     from gpuprompt.remote._reranker import RemoteReranker
-    from gpuprompt.remote._runtime import RemoteRuntime, remote_runtime
+    from gpuprompt.remote._runtime import RemoteRuntime, mount, remote_runtime, unmount
     from gpuprompt.remote._sessions import RemoteContextCache
 
 _EXPORTS: dict[str, str] = {
@@ -53,6 +53,8 @@ _EXPORTS: dict[str, str] = {
     "RemoteReranker": "gpuprompt.remote._reranker",
     "RemoteRuntime": "gpuprompt.remote._runtime",
     "client_for": "gpuprompt.remote._client",
+    "mount": "gpuprompt.remote._runtime",
+    "unmount": "gpuprompt.remote._runtime",
     "remote_runtime": "gpuprompt.remote._runtime",
     "resolve_remote": "gpuprompt.remote._config",
     "shared_client": "gpuprompt.remote._client",

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, Callable, TypeVar
 from gpuprompt.errors import ClosedError, ConfigurationError
 from gpuprompt.remote._client import RemoteClient, shared_client
 from gpuprompt.remote._config import RemoteConfig
-from gpuprompt.wire import redact
+from gpuprompt.wire import api_root, redact
 
 if TYPE_CHECKING:
     from gpuprompt.remote._answer_cache import RemoteAnswerCache
@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from gpuprompt.remote._reranker import RemoteReranker
     from gpuprompt.remote._sessions import RemoteContextCache
 
-__all__ = ["RemoteRuntime", "remote_runtime"]
+__all__ = ["RemoteRuntime", "mount", "remote_runtime", "unmount"]
 
 T = TypeVar("T")
 
@@ -197,10 +197,35 @@ def _refuse_local(what: str, options: Mapping[str, Any], defaults: Any, *, ignor
 
 _runtimes: dict[tuple[RemoteConfig, Any], RemoteRuntime] = {}
 _runtimes_lock = threading.Lock()
+_mounted: dict[str, Any] = {}
+
+
+def mount(base_url: str, transport: Any) -> None:
+    """Serve ``base_url`` through ``transport`` (an ``httpx`` transport such as
+    ``httpx.ASGITransport(create_app(...))``) for every remote class of this process: a
+    ``gpuprompt serve`` app embedded in the same process, reached without a socket.
+
+    Raises:
+        ConfigurationError: ``transport`` is not an httpx transport.
+    """
+    if not (hasattr(transport, "handle_async_request") or hasattr(transport, "handle_request")):
+        raise ConfigurationError(f"'transport' must be an httpx transport (got a {type(transport).__name__}).")
+    with _runtimes_lock:
+        _mounted[api_root(base_url)] = transport
+
+
+def unmount(base_url: str) -> None:
+    """Stop serving ``base_url`` through a mounted transport (unknown URLs are ignored)."""
+    with _runtimes_lock:
+        _mounted.pop(api_root(base_url), None)
 
 
 def remote_runtime(config: RemoteConfig, *, transport: Any = None) -> RemoteRuntime:
-    """The process's one :class:`RemoteRuntime` for ``config`` (and ``transport``)."""
+    """The process's one :class:`RemoteRuntime` for ``config`` (and ``transport``, by default the one
+    :func:`mount` put at its URL)."""
+    if transport is None:
+        with _runtimes_lock:
+            transport = _mounted.get(api_root(config.base_url))
     key = (config, transport)
     with _runtimes_lock:
         runtime = _runtimes.get(key)
