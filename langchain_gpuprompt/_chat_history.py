@@ -23,7 +23,7 @@ from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, System
 from langchain_gpuprompt._chat_models import _to_core_messages
 
 if TYPE_CHECKING:
-    from gpuprompt.context import ContextCache, Turn
+    from gpuprompt.context import Turn
     from pydantic import SecretStr
 
 __all__ = ["GPUPromptChatMessageHistory"]

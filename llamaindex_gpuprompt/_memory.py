@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 import string
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from gpuprompt.errors import ConfigurationError, InputTypeError, InvalidInputError, describe
 from gpuprompt.protocols import ContextLike

@@ -38,6 +38,7 @@ _MODULES = [
     "gpuprompt.apps.bench.milvus_concurrency",
     "gpuprompt.apps.bench.index_bulk",
     "gpuprompt.apps.bench.multiproc",
+    "gpuprompt.apps.bench.rerank",
 ]
 
 

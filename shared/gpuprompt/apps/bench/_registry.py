@@ -25,7 +25,7 @@ __all__ = [
     "ScenarioResult",
     "run_scenario",
     "scenario",
-    "scenarios",
+    "registered",
     "write_summary",
 ]
 
