@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from langchain_gpuprompt._embeddings import GPUPromptEmbeddings
     from langchain_gpuprompt._rerank import GPUPromptReranker
     from langchain_gpuprompt._store import GPUPromptStore
+    from langchain_gpuprompt._vectorstore_hybrid import GPUPromptRetriever
     from langchain_gpuprompt._vectorstores import GPUPromptVectorStore
 
 _EXPORTS: dict[str, str] = {
@@ -27,6 +28,7 @@ _EXPORTS: dict[str, str] = {
     "GPUPromptChatMessageHistory": "langchain_gpuprompt._chat_history",
     "GPUPromptEmbeddings": "langchain_gpuprompt._embeddings",
     "GPUPromptReranker": "langchain_gpuprompt._rerank",
+    "GPUPromptRetriever": "langchain_gpuprompt._vectorstore_hybrid",
     "GPUPromptSemanticCache": "langchain_gpuprompt._cache",
     "GPUPromptStore": "langchain_gpuprompt._store",
     "GPUPromptVectorStore": "langchain_gpuprompt._vectorstores",
@@ -37,6 +39,7 @@ __all__ = [
     "GPUPromptChatMessageHistory",
     "GPUPromptEmbeddings",
     "GPUPromptReranker",
+    "GPUPromptRetriever",
     "GPUPromptSemanticCache",
     "GPUPromptStore",
     "GPUPromptVectorStore",

@@ -26,6 +26,7 @@ from langchain_gpuprompt._embeddings import GPUPromptEmbeddings
 
 if TYPE_CHECKING:
     from gpuprompt.index import Hit, IndexLike
+from langchain_gpuprompt._vectorstore_hybrid import GPUPromptRetriever, HybridStoreMixin
 from langchain_gpuprompt._vectorstore_inputs import (
     _check_ids,
     _check_query,
@@ -48,7 +49,7 @@ __all__ = ["GPUPromptVectorStore"]
 _UNSET = object()  # the default of an index option: any value given is one an in-process index takes
 
 
-class GPUPromptVectorStore(VectorStore):
+class GPUPromptVectorStore(HybridStoreMixin, VectorStore):
     """Drop-in LangChain vector store backed by a gpuprompt index: a :class:`~gpuprompt.VectorIndex`
     (the default, in process) or a :class:`~gpuprompt.index.MilvusIndex` passed as ``index=``.
 
@@ -96,6 +97,14 @@ class GPUPromptVectorStore(VectorStore):
         .. code-block:: python
 
             retriever = store.as_retriever(search_type="mmr", search_kwargs={"k": 4, "fetch_k": 20})
+
+    Hybrid and lexical search (exact codes, names, error numbers: BM25 over the stored documents,
+    fused with the vectors under the same filter; no extra flag when adding):
+        .. code-block:: python
+
+            store.as_retriever(search_type="hybrid", search_kwargs={"k": 4, "filter": {"size": "M"}})
+            store.as_retriever(search_type="hybrid", search_kwargs={"k": 4, "alpha": 0.3})  # weighted
+            store.as_retriever(search_type="lexical", search_kwargs={"k": 4})  # instead of BM25Retriever
 
     Persist (no pickle: nothing on the load path can execute code):
         .. code-block:: python
@@ -433,6 +442,12 @@ class GPUPromptVectorStore(VectorStore):
         """Like :meth:`similarity_search_by_vector`, with scores (higher is more similar)."""
         _search_kwargs(kwargs)
         return _scored(self._search(_vector(embedding), k, filter))
+
+    def as_retriever(self, **kwargs: Any) -> GPUPromptRetriever:
+        """A retriever over this store: LangChain's search types (``similarity``,
+        ``similarity_score_threshold``, ``mmr``) and ``hybrid`` / ``lexical`` (see :meth:`hybrid_search`)."""
+        tags = kwargs.pop("tags", None) or [*self._get_retriever_tags()]
+        return GPUPromptRetriever(vectorstore=self, tags=tags, **kwargs)
 
     def _search(self, vectors: Any, k: int, filter: dict[str, Any] | None) -> list[Hit]:
         index = self.ensure_index(int(vectors.shape[1]))

@@ -20,10 +20,7 @@ from gpuprompt.errors import (
     describe,
 )
 from gpuprompt.validation import (
-    check_choice,
-    check_int,
     check_metadata,
-    check_number,
     check_path,
     check_path_name,
     check_real_vector,
@@ -39,13 +36,13 @@ from llama_index.core.vector_stores.types import (
     BasePydanticVectorStore,
     MetadataFilters,
     VectorStoreQuery,
-    VectorStoreQueryMode,
     VectorStoreQueryResult,
 )
 from llama_index.core.vector_stores.utils import metadata_dict_to_node, node_to_metadata_dict
 
 from llamaindex_gpuprompt._common import check_options
 from llamaindex_gpuprompt._filters import RESERVED_KEY, is_reserved_key, to_core_filter
+from llamaindex_gpuprompt._vector_store_query import Restriction, _id_list, _ref_doc_id, lexical_index, plan_query
 
 if TYPE_CHECKING:
     from gpuprompt.index import Hit, IndexLike, Record
@@ -61,25 +58,7 @@ metadata is the user's node metadata, which filters see."""
 
 _NAMESPACE_SEP = "__"
 _DEFAULT_NAMESPACE = "default"
-_MODES = (VectorStoreQueryMode.DEFAULT.value, VectorStoreQueryMode.MMR.value)
 
-
-def _and(*filters: dict[str, Any] | None) -> dict[str, Any] | None:
-    parts = [f for f in filters if f]
-    if not parts:
-        return None
-    return parts[0] if len(parts) == 1 else {"$and": parts}
-
-
-def _id_list(value: Any, name: str) -> list[str] | None:
-    if value is None:
-        return None
-    if isinstance(value, str) or not isinstance(value, (list, tuple, set)):
-        raise InputTypeError(f"'{name}' must be None or a list of str (got {describe(value)}).")
-    items = list(value)
-    for i, item in enumerate(items):
-        check_str(item, f"{name}[{i}]")
-    return items
 
 
 class GPUPromptVectorStore(BasePydanticVectorStore):
@@ -417,51 +396,7 @@ class GPUPromptVectorStore(BasePydanticVectorStore):
         """Async :meth:`get_nodes`, off the event loop."""
         return await off_loop(self.get_nodes, node_ids, filters)
 
-    def _plan(
-        self, query: VectorStoreQuery, kwargs: dict[str, Any]
-    ) -> tuple[Any, int, dict | None, dict | None, _Restriction]:
-        if not isinstance(query, VectorStoreQuery):
-            raise InputTypeError(f"'query' must be a VectorStoreQuery (got {describe(query)}).")
-        mode = query.mode.value if isinstance(query.mode, VectorStoreQueryMode) else query.mode
-        check_choice(mode, "query.mode", _MODES)  # strict: never compares an array or a lookalike
-        if query.query_embedding is None:
-            raise InvalidInputError(
-                "'query.query_embedding' must be a list of floats (got None); embed the query first "
-                "(retrievers and query engines do)."
-            )
-        k = check_int(query.similarity_top_k, "query.similarity_top_k", min=0)
-        vector = check_real_vector(query.query_embedding, "query.query_embedding")
-        if self.dim is not None and vector.shape[0] != self.dim:
-            raise DimensionMismatchError(
-                f"'query.query_embedding' must have {self.dim} dimensions (got {vector.shape[0]}); embed the "
-                "query with the model that embedded the nodes.",
-                expected=self.dim,
-                got=int(vector.shape[0]),
-            )
-        node_ids = _id_list(query.node_ids, "query.node_ids")
-        doc_ids = _id_list(query.doc_ids, "query.doc_ids")
-        # An empty id list means "no restriction", as the retrievers pass it.
-        core_filter = _and(
-            to_core_filter(query.filters),
-            kwargs.get("filter"),
-            {f"{NODE_KEY}.id": {"$in": node_ids}} if node_ids else None,
-            {f"{NODE_KEY}.ref_doc_id": {"$in": doc_ids}} if doc_ids else None,
-        )
-        mmr = None
-        if query.mode == VectorStoreQueryMode.MMR:
-            threshold = query.mmr_threshold if query.mmr_threshold is not None else kwargs.get("mmr_threshold")
-            threshold = check_number(0.5 if threshold is None else threshold, "mmr_threshold", min=0.0, max=1.0)
-            fetch_k = check_int(kwargs.get("mmr_prefetch_k"), "mmr_prefetch_k", min=1, allow_none=True)
-            if fetch_k is None:
-                factor = check_number(
-                    kwargs.get("mmr_prefetch_factor", self.mmr_prefetch_factor), "mmr_prefetch_factor", min=1.0
-                )
-                fetch_k = max(20, int(k * factor)) if k * factor < 2**62 else 2**62
-            mmr = {"fetch_k": max(fetch_k, k), "lambda_mult": threshold}
-        restriction = _Restriction(set(node_ids) if node_ids else None, set(doc_ids) if doc_ids else None)
-        return vector, k, core_filter, mmr, restriction
-
-    def _result(self, hits: Sequence[Hit], restriction: _Restriction) -> VectorStoreQueryResult:
+    def _result(self, hits: Sequence[Hit], restriction: Restriction) -> VectorStoreQueryResult:
         hits = [hit for hit in hits if restriction.allows(hit)]
         return VectorStoreQueryResult(
             nodes=[self._node(hit) for hit in hits],
@@ -473,26 +408,42 @@ class GPUPromptVectorStore(BasePydanticVectorStore):
         """Top ``similarity_top_k`` nodes for ``query.query_embedding``.
 
         Honours ``filters`` (pre-filtering: k results whenever k nodes match), ``node_ids`` and
-        ``doc_ids`` (an empty list means no restriction) and ``mode`` (``DEFAULT`` or ``MMR``, with
-        ``query.mmr_threshold`` or the ``mmr_threshold`` keyword as the relevance weight, default
-        0.5; ``mmr_prefetch_k`` or ``mmr_prefetch_factor`` size the candidate pool).
+        ``doc_ids`` (an empty list means no restriction) and ``mode``:
+
+        * ``DEFAULT``; ``MMR``, with ``query.mmr_threshold`` or the ``mmr_threshold`` keyword as the
+          relevance weight, default 0.5; ``mmr_prefetch_k`` or ``mmr_prefetch_factor`` size the pool.
+        * ``HYBRID``: the embedding and ``query_str`` (BM25 over the nodes' text) under the same
+          filters, fused: ``alpha`` None by reciprocal rank, else weighted normalised scores (1 dense
+          only, 0 lexical only). With ``hybrid_top_k``, that many are returned from
+          ``max(similarity_top_k, sparse_top_k)`` candidates per leg; else ``similarity_top_k`` from
+          ``max(20, 4 * k)`` (or ``sparse_top_k``) candidates.
+        * ``TEXT_SEARCH``: ``query_str`` by BM25 alone (no embedding needed), ``sparse_top_k`` or
+          ``similarity_top_k`` nodes. Nodes without text never match the lexical leg.
 
         Returns:
             Nodes (with text, metadata, relationships), similarities (higher is better) and ids.
 
         Raises:
-            InvalidInputError: no query embedding, an unsupported mode, a bad ``similarity_top_k``,
+            InvalidInputError: no query embedding (but for TEXT_SEARCH), no ``query_str`` for HYBRID or
+                TEXT_SEARCH, ``alpha`` outside [0, 1], an unsupported mode, a bad ``similarity_top_k``,
                 ``mmr_threshold``, ``mmr_prefetch_k`` or ``mmr_prefetch_factor``.
             InputTypeError: the query embedding is not a flat list of numbers (strs, bools, ragged
                 rows), or ``node_ids`` / ``doc_ids`` are not lists of str.
             DimensionMismatchError: the query embedding's dimension differs from the index's.
             FilterError: a malformed filter (the message names where).
         """
-        vector, k, core_filter, mmr, restriction = self._plan(query, kwargs)
+        vector, k, core_filter, mmr, restriction = plan_query(query, kwargs, dim=self.dim, prefetch_factor=self.mmr_prefetch_factor)
         index = self.client
         if index is None or k == 0:
             return VectorStoreQueryResult(nodes=[], similarities=[], ids=[])
-        if mmr is not None:
+        if mmr is not None and "text" in mmr:
+            words = lexical_index(index)
+            if vector is None:
+                hits = words.lexical_search([mmr["text"]], k, core_filter)[0]
+            else:
+                hits = words.hybrid_search(vector[None, :], [mmr["text"]], k, core_filter, alpha=mmr["alpha"],
+                                           fetch_k=mmr.get("fetch_k"))[0]
+        elif mmr is not None:
             hits = index.mmr(vector, k=k, fetch_k=mmr["fetch_k"], lambda_mult=mmr["lambda_mult"], filter=core_filter)
         else:
             hits = index.search(vector[None, :], k, filter=core_filter)[0]
@@ -500,11 +451,18 @@ class GPUPromptVectorStore(BasePydanticVectorStore):
 
     async def aquery(self, query: VectorStoreQuery, **kwargs: Any) -> VectorStoreQueryResult:
         """Async :meth:`query`: awaits the core's batched search, so concurrent calls share one search."""
-        vector, k, core_filter, mmr, restriction = self._plan(query, kwargs)
+        vector, k, core_filter, mmr, restriction = plan_query(query, kwargs, dim=self.dim, prefetch_factor=self.mmr_prefetch_factor)
         index = self.client
         if index is None or k == 0:
             return VectorStoreQueryResult(nodes=[], similarities=[], ids=[])
-        if mmr is not None:
+        if mmr is not None and "text" in mmr:
+            words = lexical_index(index)
+            if vector is None:
+                hits = (await words.alexical_search([mmr["text"]], k, core_filter))[0]
+            else:
+                hits = (await words.ahybrid_search(vector[None, :], [mmr["text"]], k, core_filter, alpha=mmr["alpha"],
+                                                   fetch_k=mmr.get("fetch_k")))[0]
+        elif mmr is not None:
             hits = await index.ammr(
                 vector, k=k, fetch_k=mmr["fetch_k"], lambda_mult=mmr["lambda_mult"], filter=core_filter
             )
@@ -568,30 +526,6 @@ class GPUPromptVectorStore(BasePydanticVectorStore):
         persist_dir = check_path(persist_dir, "persist_dir")
         path = os.path.join(persist_dir, f"{namespace}{_NAMESPACE_SEP}{DEFAULT_PERSIST_FNAME}")
         return cls.from_persist_path(path, fs=fs, **kwargs)
-
-
-class _Restriction:
-    """The ids a query was restricted to, checked again on each hit.
-
-    The core filter finds them through the bookkeeping's dotted paths; a record from a snapshot
-    written before reserved keys were refused could spoof those paths with a literal key.
-    """
-
-    __slots__ = ("doc_ids", "node_ids")
-
-    def __init__(self, node_ids: set[str] | None, doc_ids: set[str] | None) -> None:
-        self.node_ids = node_ids
-        self.doc_ids = doc_ids
-
-    def allows(self, hit: Hit) -> bool:
-        if self.node_ids is not None and hit.id not in self.node_ids:
-            return False
-        return self.doc_ids is None or _ref_doc_id(hit) in self.doc_ids
-
-
-def _ref_doc_id(record: Hit | Record) -> Any:
-    info = record.metadata.get(NODE_KEY)
-    return info.get("ref_doc_id") if isinstance(info, dict) else None
 
 
 def _check_local_fs(fs: Any) -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import random
 from typing import Any
 
-__all__ = ["SCRIPT", "catalogue", "customer_questions", "prose_paragraphs"]
+__all__ = ["SCRIPT", "catalogue", "customer_questions", "prose_paragraphs", "sku_catalogue", "sku_questions"]
 
 _TYPES = ["dress", "t-shirt", "jeans", "sweater", "rain jacket", "skirt", "shirt", "hoodie", "coat", "shorts"]
 _COLOURS = ["red", "navy", "olive", "black", "white", "mustard", "grey", "teal", "burgundy", "beige"]
@@ -74,6 +74,54 @@ def customer_questions(n: int, seed: int = 11) -> list[str]:
     ]
     return [rng.choice(templates).format(c=rng.choice(_COLOURS), t=rng.choice(_TYPES), m=rng.choice(_MATERIALS)[0])
             for _ in range(n)]
+
+
+_LETTERS = "ABCDEFGHJKLMNPQRSTUVWXYZ"
+_ARTICLE_SIZES = ["XS", "S", "M", "L", "XL"]
+_SKU_QUESTIONS = [
+    "Is article {code} still in stock?",
+    "What is the price of {code}?",
+    "Can I return {code}, size {size}, after 30 days?",
+    "Does {code} shrink in the wash?",
+    "I ordered {code} in size {size}: what is it made of?",
+    "When will {code} be delivered?",
+]
+
+
+def sku_catalogue(n: int = 3000, seed: int = 5) -> list[dict[str, Any]]:
+    """A catalogue whose products are told apart by article codes (``SKU-48213-QX``): many products
+    share type, colour and material, so only the code names one (where dense retrieval fails and
+    customer-service questions live). Deterministic; codes unique.
+
+    Returns:
+        ``n`` products ``{"id", "text", "metadata", "code", "size"}``; the text reads like
+        ``"Cedar 2 dress: red, 90% cotton, 10% linen. Care: ... article SKU-48213-QX, size M. Price: 49 EUR."``.
+    """
+    rng = random.Random(seed)
+    codes: set[str] = set()
+    while len(codes) < n:
+        codes.add(f"SKU-{rng.randrange(10_000, 100_000)}-{rng.choice(_LETTERS)}{rng.choice(_LETTERS)}")
+    ordered = sorted(codes, key=lambda c: random.Random(f"{seed}:{c}").random())
+    base = catalogue(max(1, n // 6), seed=seed)  # six articles per product line: the words repeat
+    out = []
+    for i, code in enumerate(ordered):
+        product = base[i % len(base)]
+        size = _ARTICLE_SIZES[i % len(_ARTICLE_SIZES)]
+        head, _, tail = product["text"].partition(" (SKU ")
+        details = tail.partition("): ")[2]
+        price_at = details.rfind(" Price: ")
+        text = f"{head}: {details[:price_at]} Article {code}, size {size}.{details[price_at:]}"
+        out.append({"id": code, "text": text, "metadata": dict(product["metadata"], size=size), "code": code,
+                    "size": size})
+    return out
+
+
+def sku_questions(products: list[dict[str, Any]], n: int = 60, seed: int = 9) -> list[tuple[str, str]]:
+    """``n`` deterministic questions that each name one product's code, as ``(question, product id)``."""
+    rng = random.Random(seed)
+    picked = rng.sample(range(len(products)), min(n, len(products)))
+    return [(rng.choice(_SKU_QUESTIONS).format(code=products[i]["code"], size=products[i]["size"]), products[i]["id"])
+            for i in picked]
 
 
 def prose_paragraphs(min_chars: int = 200) -> list[str]:

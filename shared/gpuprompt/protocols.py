@@ -34,6 +34,7 @@ __all__ = [
     "ContextLike",
     "EmbedderLike",
     "EngineLike",
+    "HybridSearchLike",
     "IndexLike",
     "RerankerLike",
     "TextSearchLike",
@@ -270,3 +271,26 @@ class TextSearchLike(Protocol):
 
     async def asearch_text(self, queries: Sequence[str], k: int, filter: Mapping[str, Any] | None = None,
                            **options: Any) -> list[list[Hit]]: ...
+
+
+@runtime_checkable
+class HybridSearchLike(Protocol):
+    """An index with a lexical (BM25) leg beside its vectors (a capability beside :class:`IndexLike`).
+
+    ``VectorIndex``, ``MilvusIndex`` and ``RemoteIndex`` have it. ``lexical_search`` ranks the
+    stored documents by BM25 over the query text's words; ``hybrid_search`` runs both legs under
+    the same pre-filter and fuses them (reciprocal rank by default; ``alpha`` weighs normalised
+    scores, 1 = dense only, 0 = lexical only). Records stored without a document are never found
+    by the lexical leg.
+    """
+
+    def lexical_search(self, texts: Sequence[str], k: int, filter: Mapping[str, Any] | None = None) -> list[list[Hit]]: ...
+
+    async def alexical_search(self, texts: Sequence[str], k: int,
+                              filter: Mapping[str, Any] | None = None) -> list[list[Hit]]: ...
+
+    def hybrid_search(self, queries: Any, texts: Sequence[str], k: int, filter: Mapping[str, Any] | None = None,
+                      **fusion: Any) -> list[list[Hit]]: ...
+
+    async def ahybrid_search(self, queries: Any, texts: Sequence[str], k: int,
+                             filter: Mapping[str, Any] | None = None, **fusion: Any) -> list[list[Hit]]: ...

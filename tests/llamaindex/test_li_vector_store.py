@@ -316,8 +316,8 @@ def test_bad_queries_raise_typed_errors(store, li_embed) -> None:
         store.query(VectorStoreQuery(query_str="dress", similarity_top_k=2))
     with pytest.raises(DimensionMismatchError, match="must have 384 dimensions"):
         store.query(VectorStoreQuery(query_embedding=[0.1] * 10, similarity_top_k=2))
-    with pytest.raises(InvalidInputError, match="'query.mode' must be one of 'default', 'mmr'"):
-        store.query(_query(li_embed, "dress", mode=VectorStoreQueryMode.HYBRID))
+    with pytest.raises(InvalidInputError, match="'query.mode' must be one of 'default', 'mmr', 'hybrid', 'text_search'"):
+        store.query(_query(li_embed, "dress", mode=VectorStoreQueryMode.SPARSE))
     with pytest.raises(InvalidInputError, match="'query.similarity_top_k' must be an int >= 0"):
         store.query(_query(li_embed, "dress", k=-1))
     with pytest.raises(InputTypeError, match="'query.node_ids' must be None or a list of str"):

@@ -191,7 +191,7 @@ def test_collections_survive_a_restart_and_a_copy_of_a_live_dir_replays(tmp_path
 
 
 def test_a_failed_log_write_fails_the_request_and_changes_nothing(tmp_path, embedder, server_llm, monkeypatch) -> None:
-    from gpuprompt.index import durable as _durable
+    from gpuprompt.index.durable import _log as _durable
 
     app = _app(tmp_path, embedder, server_llm)
     with _client(app) as client:

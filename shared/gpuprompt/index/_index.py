@@ -19,6 +19,8 @@ from gpuprompt.index._async import AsyncIndexMixin
 from gpuprompt.index._checks import check_filter, check_id_list, check_storable, check_upsert
 from gpuprompt.index._config import BackendName, IndexConfig, check_embedder_args, record_embedder, resolve_config
 from gpuprompt.index._groups import GroupSearchMixin
+from gpuprompt.index._hybrid import HybridSearchMixin
+from gpuprompt.index._lexical import LexicalIndex, LexicalStats
 from gpuprompt.index._mmr import check_mmr, check_one_query
 from gpuprompt.index._plan import Backend, apply_change, fill, new_backend, settle, tune
 from gpuprompt.index._search import FilterCache, SearchRequest, make_request, run_batch, search_batcher
@@ -31,7 +33,7 @@ __all__ = ["VectorIndex"]
 _ASYNC_INLINE = 1 << 16  # asearch validates at most this many numbers on the loop thread
 
 
-class VectorIndex(AsyncIndexMixin, GroupSearchMixin):
+class VectorIndex(AsyncIndexMixin, GroupSearchMixin, HybridSearchMixin):
     """Vectors with their ids, documents and metadata; exact or ANN search with pre-filtering.
 
     Concurrent :meth:`search` / :meth:`asearch` calls, from threads or asyncio tasks, are coalesced
@@ -82,6 +84,7 @@ class VectorIndex(AsyncIndexMixin, GroupSearchMixin):
         self._save_lock = threading.Lock()  # one save of this index at a time
         self._batcher: MicroBatcher[SearchRequest, Any] | None = None
         self._filters = FilterCache()
+        self._lexical: LexicalIndex | None = None  # built from the documents at the first lexical search
         self._closed = False
 
     @classmethod
@@ -257,6 +260,8 @@ class VectorIndex(AsyncIndexMixin, GroupSearchMixin):
             store.reserve(change.size)
             # Read the backend under the lock: another writer may have switched it meanwhile.
             apply_change(self._backend, store, change)
+            if self._lexical is not None:
+                self._lexical.apply_upsert(change, upsert.documents)
             store.apply_upsert(change, upsert.unique_ids, upsert.documents, upsert.metadatas)
             self._settle()
         return upsert.ids
@@ -280,6 +285,8 @@ class VectorIndex(AsyncIndexMixin, GroupSearchMixin):
             if not change.removed_labels.size:
                 return 0
             apply_change(self._backend, store, change)
+            if self._lexical is not None:
+                self._lexical.apply_delete(change, store)
             store.apply_delete(change)
             self._settle()
             return int(change.removed_labels.size)
@@ -289,6 +296,8 @@ class VectorIndex(AsyncIndexMixin, GroupSearchMixin):
         with self._lock.write():
             self._config = dataclasses.replace(self._config, embedder=None)
             self._store.clear()
+            if self._lexical is not None:
+                self._lexical.clear()
             if self._backend is not None:
                 self._backend.reset()
             self._filters.clear()
@@ -430,8 +439,27 @@ class VectorIndex(AsyncIndexMixin, GroupSearchMixin):
         self._ensure_backend()
         with self._lock.read():
             return run_batch(
-                requests, store=self._store, backend=self._backend, filters=self._filters, metric=self.metric
+                requests, store=self._store, backend=self._backend, filters=self._filters, metric=self.metric,
+                lexical=self._lexical,
             )
+
+    def _ensure_lexical(self) -> None:
+        """Build the lexical leg from the stored documents, once (later writes keep it in step)."""
+        if self._lexical is None:
+            with self._lock.write():
+                if self._lexical is None:
+                    self._lexical = LexicalIndex.build(self._store)
+
+    async def _aensure_lexical(self) -> None:
+        if self._lexical is None:
+            await asyncio.to_thread(self._ensure_lexical)
+
+    def lexical_stats(self) -> LexicalStats:
+        """The lexical leg's size (documents, terms, postings, bytes); builds it if needed."""
+        self._ensure_lexical()
+        with self._lock.read():
+            assert self._lexical is not None
+            return self._lexical.stats()
 
     # ------------------------------------------------------------------ persistence
     def save(self, path: str | Path) -> None:

@@ -23,12 +23,15 @@ from gpuprompt.index._async import AsyncIndexMixin, off_loop
 from gpuprompt.index._checks import check_filter, check_id_list, check_upsert
 from gpuprompt.index._config import IndexConfig, check_embedder_args, record_embedder
 from gpuprompt.index._groups import GroupSearchMixin
+from gpuprompt.index._hybrid import HybridSearchMixin
+from gpuprompt.index._milvus_lexical import AVGDL_PROPERTY, FIELD, LexicalCounts, document_vector, first_avgdl
 from gpuprompt.index._milvus_filters import compile_milvus
 from gpuprompt.index._milvus_schema import (
     MilvusOptions,
     check_rows,
     create_collection,
     existing_layout,
+    has_lexical,
     open_client,
     resolve_options,
 )
@@ -48,7 +51,7 @@ _POINTER = "milvus.json"
 _EMBEDDER_PROPERTY = "gpuprompt.embed"
 
 
-class MilvusIndex(AsyncIndexMixin, GroupSearchMixin):
+class MilvusIndex(AsyncIndexMixin, GroupSearchMixin, HybridSearchMixin):
     """:class:`~gpuprompt.VectorIndex`'s API over a Milvus collection, through pymilvus's ``MilvusClient``.
 
     For vectors past one machine, several writers, or data that must outlive a server: ``uri`` is
@@ -110,6 +113,10 @@ class MilvusIndex(AsyncIndexMixin, GroupSearchMixin):
         self._lock = RWLock()  # writers: clear (drops the collection); readers: everything else
         self._batcher: MicroBatcher[SearchRequest, Any] | None = None
         self._closed = False
+        self._lexical_on = True  # the collection has the sparse field (one made before it has not)
+        self._avgdl: float | None = None  # the BM25 length norm of the collection (its first write's)
+        self._counts: LexicalCounts | None = None  # N and df, counted at the first lexical search
+        self._write_lock = threading.Lock()  # writes, while the counts follow them
 
     @classmethod
     def check_options(cls, **options: Any) -> None:
@@ -177,6 +184,7 @@ class MilvusIndex(AsyncIndexMixin, GroupSearchMixin):
             create_collection(client, o)
             return client
         dim, metric, _, scalars = existing_layout(client, o.collection)
+        self._lexical_on = has_lexical(client, o.collection)
         missing = {k: v for k, v in o.scalar_fields.items() if scalars.get(k) != v}
         if dim != o.dim or metric != o.metric or missing:
             client.close()
@@ -220,11 +228,36 @@ class MilvusIndex(AsyncIndexMixin, GroupSearchMixin):
             return []
         client = self._ensure()  # first: the columns to fill are the collection's (see _connect)
         rows = check_rows(upsert.unique_ids, upsert.vectors, upsert.documents, upsert.metadatas, self._options)
-        with self._lock.read():
+        with self._lock.read(), self._write_lock:
             self._record_embedder(client, embedder, allow_other_embedder)
+            if self._lexical_on:
+                avgdl = self._length_norm(client, upsert.documents)
+                for row, document in zip(rows, upsert.documents):
+                    row[FIELD] = document_vector(document, avgdl)
+            counts = self._counts
+            if counts is not None:  # the counts follow this handle's writes: uncount what is replaced
+                counts.remove(row.get("document") for row in self._fetch(client, upsert.unique_ids, ["document"]))
             for start in range(0, len(rows), _WRITE_CHUNK):
                 client.upsert(self._options.collection, rows[start : start + _WRITE_CHUNK])
+            if counts is not None:
+                counts.add(upsert.documents)
         return upsert.ids
+
+    def _length_norm(self, client: Any, documents: list[str | None]) -> float:
+        """The collection's BM25 average document length: recorded by its first write with words."""
+        if self._avgdl is not None:
+            return self._avgdl
+        properties = client.describe_collection(self._options.collection).get("properties") or {}
+        recorded = properties.get(AVGDL_PROPERTY)
+        if recorded:
+            self._avgdl = float(recorded)
+            return self._avgdl
+        average = first_avgdl(documents)
+        if average is None:
+            return 1.0  # no words yet: every vector is NO_TERMS, the norm is not used
+        client.alter_collection_properties(self._options.collection, properties={AVGDL_PROPERTY: repr(average)})
+        self._avgdl = average
+        return average
 
     @property
     def embedder(self) -> str | None:
@@ -247,10 +280,14 @@ class MilvusIndex(AsyncIndexMixin, GroupSearchMixin):
         if not id_list:
             return 0
         client = self._ensure()
-        with self._lock.read():
-            present = [row["id"] for row in self._fetch(client, id_list, ["id"])]
+        with self._lock.read(), self._write_lock:
+            counts = self._counts
+            found = self._fetch(client, id_list, ["id", "document"] if counts is not None else ["id"])
+            present = [row["id"] for row in found]
             if present:
                 client.delete(self._options.collection, ids=present)
+                if counts is not None:
+                    counts.remove(row.get("document") for row in found)
         return len(present)
 
     def clear(self) -> None:
@@ -259,6 +296,9 @@ class MilvusIndex(AsyncIndexMixin, GroupSearchMixin):
         with self._lock.write():
             client.drop_collection(self._options.collection)
             create_collection(client, self._options)
+            self._lexical_on, self._avgdl = True, None
+            if self._counts is not None:
+                self._counts.clear()
 
     def drop(self) -> None:
         """Delete the Milvus collection and everything in it, then close this index.
@@ -365,6 +405,8 @@ class MilvusIndex(AsyncIndexMixin, GroupSearchMixin):
         from gpuprompt.index._milvus_search import check_server_k
 
         check_server_k(self, request.k, "fetch_k" if request.mmr is not None else "k")
+        if request.fusion is not None:
+            check_server_k(self, request.fusion.fetch_k, "fetch_k")
         batcher = self._batcher
         if batcher is None:
             with self._setup_lock:
@@ -381,6 +423,52 @@ class MilvusIndex(AsyncIndexMixin, GroupSearchMixin):
         client = self._ensure()
         with self._lock.read():
             return run_milvus_batch(self, client, requests)
+
+    # ------------------------------------------------------------------ the lexical leg
+    def _ensure_lexical(self) -> None:
+        """Count N and df from the stored documents, once (this handle's writes keep them in step)."""
+        if self._counts is None:
+            client = self._ensure()
+            if not self._lexical_on:
+                raise ConfigurationError(
+                    f"the Milvus collection {self._options.collection!r} was made before MilvusIndex had a lexical "
+                    "leg (no 'lexical' sparse field): lexical and hybrid search need one. Copy its records into a "
+                    "new collection (MilvusIndex(..., collection='new').add(...)), or search it with mode='dense'."
+                )
+            with self._lock.read(), self._write_lock:
+                if self._counts is None:
+                    counts = LexicalCounts()
+                    counts.add(self._documents(client))
+                    self._counts = counts
+
+    async def _aensure_lexical(self) -> None:
+        if self._counts is None:
+            await asyncio.to_thread(self._ensure_lexical)
+
+    def _lexical_counts(self) -> LexicalCounts:
+        counts = self._counts
+        assert counts is not None, "the lexical leg is counted before a lexical search is queued"
+        return counts
+
+    def refresh_lexical(self) -> None:
+        """Count N and df anew from the stored documents (after other processes wrote to the collection)."""
+        with self._setup_lock:
+            self._counts = None
+        self._ensure_lexical()
+
+    def _documents(self, client: Any) -> list[str | None]:
+        o = self._options
+        if o.is_lite:
+            rows = client.query(o.collection, filter='id != ""', output_fields=["document"])
+            return [row.get("document") for row in rows]
+        out: list[str | None] = []
+        iterator = client.query_iterator(o.collection, batch_size=1000, filter="", output_fields=["document"])
+        try:
+            while batch := iterator.next():
+                out.extend(row.get("document") for row in batch)
+        finally:
+            iterator.close()
+        return out
 
     # ------------------------------------------------------------------ persistence
     def save(self, path: str | Path) -> None:

@@ -21,9 +21,12 @@ from gpuprompt.validation import check_choice, check_int, check_number, check_st
 __all__ = [
     "GPU_INDEX_TYPES",
     "INDEX_TYPES",
+    "LEXICAL_FIELD",
     "MilvusOptions",
     "check_rows",
     "create_collection",
+    "existing_layout",
+    "has_lexical",
     "open_client",
     "resolve_options",
 ]
@@ -49,6 +52,8 @@ MAX_ID_BYTES = 4_096
 MAX_VARCHAR_BYTES = 65_535
 MAX_JSON_BYTES = 65_536
 RESERVED = ("id", "vector", "document", "metadata")
+LEXICAL_FIELD = "lexical"
+_TAKEN = (*RESERVED, LEXICAL_FIELD)
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,254}$")
 _SCHEMES = ("http://", "https://", "tcp://", "grpc://", "unix:")
 _DEFAULT_BUILD = {
@@ -169,10 +174,10 @@ def _scalar_fields(value: Any) -> dict[str, str]:
         )
     out: dict[str, str] = {}
     for key, kind in value.items():
-        if not isinstance(key, str) or not _NAME.match(key) or key in RESERVED or key.endswith(FOLDED_SUFFIX):
+        if not isinstance(key, str) or not _NAME.match(key) or key in _TAKEN or key.endswith(FOLDED_SUFFIX):
             raise fail(
                 "scalar_fields key",
-                f"a metadata key made of letters, digits and '_' (not {list(RESERVED)}, not ending in {FOLDED_SUFFIX!r})",
+                f"a metadata key made of letters, digits and '_' (not {list(_TAKEN)}, not ending in {FOLDED_SUFFIX!r})",
                 key,
                 error=ConfigurationError,
             )
@@ -296,10 +301,12 @@ def create_collection(client: Any, options: MilvusOptions) -> None:
             schema.add_field(name + FOLDED_SUFFIX, types.VARCHAR, max_length=MAX_VARCHAR_BYTES, nullable=True)
         else:
             schema.add_field(name, kinds[kind], nullable=True)
+    schema.add_field(LEXICAL_FIELD, types.SPARSE_FLOAT_VECTOR)  # BM25 term weights (index._milvus_lexical)
     index = client.prepare_index_params()
     index.add_index(
         "vector", index_type=options.index_type, metric_type=options.milvus_metric, params=options.build_params()
     )
+    index.add_index(LEXICAL_FIELD, index_type="SPARSE_INVERTED_INDEX", metric_type="IP")
     client.create_collection(options.collection, schema=schema, index_params=index, consistency_level="Strong")
 
 
@@ -319,7 +326,7 @@ def existing_layout(client: Any, collection: str) -> tuple[int, str, str, dict[s
             f"({list(RESERVED)}); pass another collection= name."
         )
     dim = int(fields["vector"]["params"]["dim"])
-    index = client.describe_index(collection, client.list_indexes(collection)[0])
+    index = _vector_index(client, collection)
     metric = {v: k for k, v in METRICS.items()}.get(str(index.get("metric_type", "")).upper(), "cosine")
     kinds = {types.VARCHAR: "str", types.INT64: "int", types.DOUBLE: "float", types.BOOL: "bool"}
     scalars = {
@@ -328,6 +335,21 @@ def existing_layout(client: Any, collection: str) -> tuple[int, str, str, dict[s
         if name not in RESERVED and not name.endswith(FOLDED_SUFFIX) and f["type"] in kinds
     }
     return dim, metric, str(index.get("index_type", "HNSW")), scalars
+
+
+def _vector_index(client: Any, collection: str) -> dict[str, Any]:
+    """The description of the dense field's index (a collection with a lexical leg has two)."""
+    described: dict[str, Any] = {}
+    for name in client.list_indexes(collection):
+        described = client.describe_index(collection, name)
+        if described.get("field_name", "vector") == "vector":
+            return described
+    return described
+
+
+def has_lexical(client: Any, collection: str) -> bool:
+    """Whether the collection has the sparse field of the lexical leg (collections made before it do not)."""
+    return any(f["name"] == LEXICAL_FIELD for f in client.describe_collection(collection)["fields"])
 
 
 # ---------------------------------------------------------------------------------------- rows

@@ -10,17 +10,21 @@ import weakref
 from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from gpuprompt.batching import MicroBatcher
 from gpuprompt.errors import ClosedError
 from gpuprompt.index._checks import check_filter, check_k, check_matrix
+from gpuprompt.index._fusion import Fusion, fuse
 from gpuprompt.index._mmr import mmr_rerank
 from gpuprompt.index._store import Allowed, Store, copy_json
 from gpuprompt.index._types import Hit
 from gpuprompt.index.filters import compile_filter
+
+if TYPE_CHECKING:
+    from gpuprompt.index._lexical import LexicalIndex
 
 __all__ = ["FilterCache", "SearchRequest", "make_request", "request_cost", "run_batch", "search_batcher"]
 
@@ -38,6 +42,9 @@ class SearchRequest:
         filter: the metadata filter, or None.
         key: the filter's canonical key (requests with equal keys share one filter evaluation).
         mmr: ``(k, lambda_mult)`` to return an MMR selection of the candidates, or None.
+        texts: the query texts of a lexical or hybrid search (one per query row for hybrid).
+        mode: ``"dense"``, ``"lexical"`` (``queries`` then has no rows) or ``"hybrid"``.
+        fusion: how a hybrid search fuses its legs.
     """
 
     queries: Any
@@ -45,6 +52,14 @@ class SearchRequest:
     filter: Mapping[str, Any] | None
     key: str | None
     mmr: tuple[int, float] | None = None
+    texts: list[str] | None = None
+    mode: str = "dense"
+    fusion: Fusion | None = None
+
+    @property
+    def dense_k(self) -> int:
+        """Candidates the dense leg fetches for this request."""
+        return self.fusion.fetch_k if self.fusion is not None else self.k
 
 
 def make_request(
@@ -59,7 +74,7 @@ def make_request(
 
 def request_cost(request: SearchRequest) -> int:
     """A request's share of a batch: its number of queries."""
-    return int(request.queries.shape[0])
+    return len(request.texts) if request.mode == "lexical" and request.texts is not None else int(request.queries.shape[0])
 
 
 def search_batcher(index: Any) -> MicroBatcher[SearchRequest, Any]:
@@ -123,9 +138,11 @@ class FilterCache:
 
 
 def run_batch(
-    requests: list[SearchRequest], *, store: Store, backend: Any, filters: FilterCache, metric: str
+    requests: list[SearchRequest], *, store: Store, backend: Any, filters: FilterCache, metric: str,
+    lexical: LexicalIndex | None = None,
 ) -> list[list[list[Hit]]]:
-    """Answer a batch: one backend search per distinct filter (the caller holds the read lock).
+    """Answer a batch: one backend search per distinct filter (the caller holds the read lock); the
+    lexical leg of lexical and hybrid requests under the same filter rows, then their fusion.
 
     Returns:
         Per request, one list of hits per query (an MMR request: one list, its selection).
@@ -136,14 +153,25 @@ def run_batch(
         groups.setdefault(request.key, []).append(i)
     for key, members in groups.items():
         allowed = filters.allowed(store, key, requests[members[0]].filter)
-        queries = _stack([requests[i].queries for i in members], backend)
-        k = max(requests[i].k for i in members)
-        scores, rows = search_rows(queries, k, allowed, store=store, backend=backend, metric=metric)
+        dense = [i for i in members if requests[i].mode != "lexical"]
+        scores = rows = None
+        if dense:
+            queries = _stack([requests[i].queries for i in dense], backend)
+            scores, rows = search_rows(queries, max(requests[i].dense_k for i in dense), allowed, store=store,
+                                       backend=backend, metric=metric)
         start = 0
         for i in members:
             request = requests[i]
+            if request.mode == "lexical":
+                assert lexical is not None and request.texts is not None
+                results[i] = [hits(store, *lexical.search(text, request.k, allowed, store.size))
+                              for text in request.texts]
+                continue
+            assert scores is not None and rows is not None
             stop = start + request.queries.shape[0]
-            if request.mmr is not None:
+            if request.mode == "hybrid":
+                results[i] = _hybrid(request, scores[start:stop], rows[start:stop], allowed, store, lexical)
+            elif request.mmr is not None:
                 # only this request's own fetch_k candidates: the batch's k may be another caller's
                 picked = mmr_rerank(
                     request.queries[0],
@@ -159,6 +187,18 @@ def run_batch(
                 results[i] = [hits(store, scores[q, : request.k], rows[q, : request.k]) for q in range(start, stop)]
             start = stop
     return results
+
+
+def _hybrid(request: SearchRequest, scores: np.ndarray, rows: np.ndarray, allowed: Allowed | None, store: Store,
+            lexical: LexicalIndex | None) -> list[list[Hit]]:
+    assert lexical is not None and request.texts is not None and request.fusion is not None
+    fusion = request.fusion
+    out = []
+    for q, text in enumerate(request.texts):
+        dense = None if fusion.alpha == 0.0 else (scores[q, : fusion.fetch_k], rows[q, : fusion.fetch_k])
+        words = None if fusion.alpha == 1.0 else lexical.search(text, fusion.fetch_k, allowed, store.size)
+        out.append(hits(store, *fuse(dense, words, fusion, request.k)))
+    return out
 
 
 def hits(store: Store, scores: np.ndarray, rows: np.ndarray) -> list[Hit]:

@@ -15,8 +15,9 @@ from typing import TYPE_CHECKING, Any
 
 from gpuprompt.batching import check_priority
 from gpuprompt.bridge import run_sync
-from gpuprompt.errors import ConfigurationError, InputTypeError, describe
+from gpuprompt.errors import ConfigurationError, InputTypeError, InvalidInputError, describe
 from gpuprompt.llm._types import MAX_TOKENS_LIMIT
+from gpuprompt.rag._retrieve import Retrieval, check_retrieval, lexical_capable
 from gpuprompt.validation import check_int, check_number, check_str, check_text, fail
 
 if TYPE_CHECKING:
@@ -115,6 +116,11 @@ class RAGPipeline:
             :class:`~gpuprompt.protocols.RerankerLike`) that reorders ``fetch_k`` retrieved
             candidates and keeps the best ``k``; None keeps the index's order.
         fetch_k: candidates retrieved for the reranker (default ``max(20, 4 * k)``); needs ``reranker``.
+        retrieval: ``"dense"`` (the question's embedding), ``"lexical"`` (BM25 over the stored
+            documents: exact codes and names) or ``"hybrid"`` (both, fused), or a
+            :class:`~gpuprompt.rag.Retrieval`; lexical and hybrid need an index with a lexical leg.
+        alpha: hybrid only: weighted fusion with this dense weight (1 dense only, 0 lexical only);
+            None fuses by reciprocal rank.
         memory: the sessions' history (default: a new :class:`~gpuprompt.ContextCache` over
             ``embedder``).
         system_prompt: the fixed instructions; kept first so the prompt prefix is stable.
@@ -134,6 +140,8 @@ class RAGPipeline:
         memory: ContextCache | None = None,
         reranker: RerankerLike | None = None,
         fetch_k: int | None = None,
+        retrieval: str | Retrieval = "dense",
+        alpha: float | None = None,
         system_prompt: str = DEFAULT_SYSTEM_PROMPT,
         k: int = 4,
         history_turns: int = 6,
@@ -160,6 +168,11 @@ class RAGPipeline:
                 f"'fetch_k' ({fetch_k}) is how many candidates a reranker reorders, but no reranker was given: pass "
                 "reranker=..., or drop fetch_k (then k records are retrieved)."
             )
+        if not isinstance(retrieval, Retrieval):
+            retrieval = check_retrieval(retrieval, alpha=alpha, error=ConfigurationError)
+        elif alpha is not None:
+            raise ConfigurationError("'alpha' is part of the Retrieval given: set it there, or pass retrieval='hybrid'.")
+        lexical_capable(index, retrieval.mode)
         if embedder is None:
             from gpuprompt.runtime import get_runtime
 
@@ -174,6 +187,7 @@ class RAGPipeline:
         self.memory = memory
         self.reranker = reranker
         self.fetch_k = fetch_k
+        self.retrieval = retrieval
         self.system_prompt = system_prompt
         self.k = k
         self.history_turns = history_turns
@@ -205,8 +219,12 @@ class RAGPipeline:
         filter: Mapping[str, Any] | None = None,
         max_tokens: int | None = None,
         priority: int = 0,
+        retrieval: Retrieval | None = None,
     ) -> RAGAnswer:
         """Answer ``question`` in session ``session_id`` and record the turn.
+
+        ``retrieval`` overrides the pipeline's retrieval mode for this question (a checked
+        :class:`~gpuprompt.rag.Retrieval`, from :func:`~gpuprompt.rag.check_retrieval`).
 
         Raises:
             InputTypeError: ``session_id`` or ``question`` is not a non-empty str.
@@ -222,11 +240,23 @@ class RAGPipeline:
         k = self.k if k is None else check_int(k, "k", min=1, max=MAX_K)
         max_tokens = self.max_tokens if max_tokens is None else check_int(max_tokens, "max_tokens", min=1, max=MAX_TOKENS_LIMIT)
         priority = check_priority(priority)
+        if retrieval is None:
+            retrieval = self.retrieval
+        elif not isinstance(retrieval, Retrieval):
+            raise InputTypeError(f"'retrieval' must be a gpuprompt.rag.Retrieval or None (got {describe(retrieval)}).")
+        else:
+            lexical_capable(self.index, retrieval.mode, error=InvalidInputError)
         started = time.perf_counter()
-        query = await self.embedder.aembed_tensor([question], priority=priority)
+        query = None if retrieval.mode == "lexical" else await self.embedder.aembed_tensor([question], priority=priority)
         embedded = time.perf_counter()
         fetch = k if self.reranker is None else max(k, self.fetch_k or max(20, 4 * k))
-        hits = (await self.index.asearch(query, fetch, filter=filter))[0]
+        if retrieval.mode == "dense":
+            hits = (await self.index.asearch(query, fetch, filter=filter))[0]
+        elif retrieval.mode == "lexical":
+            hits = (await self.index.alexical_search([question], fetch, filter))[0]  # type: ignore[attr-defined]
+        else:
+            hits = (await self.index.ahybrid_search(  # type: ignore[attr-defined]
+                query, [question], fetch, filter, **retrieval.fusion_options()))[0]
         retrieved = time.perf_counter()
         if self.reranker is not None and hits:
             ranked = await self.reranker.arerank(question, [hit.document or "" for hit in hits], top_n=k)
@@ -276,11 +306,13 @@ class RAGPipeline:
         filter: Mapping[str, Any] | None = None,
         max_tokens: int | None = None,
         priority: int = 0,
+        retrieval: Retrieval | None = None,
     ) -> RAGAnswer:
         """Sync :meth:`aanswer`; works from any thread, with or without an event loop of its own
         (the work runs on gpuprompt's one background loop, :mod:`gpuprompt.bridge`)."""
         return run_sync(
-            self.aanswer(session_id, question, k=k, filter=filter, max_tokens=max_tokens, priority=priority)
+            self.aanswer(session_id, question, k=k, filter=filter, max_tokens=max_tokens, priority=priority,
+                         retrieval=retrieval)
         )
 
 

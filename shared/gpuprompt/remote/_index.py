@@ -32,7 +32,9 @@ from gpuprompt.errors import (
 )
 from gpuprompt.index._checks import check_filter, check_id_list, check_k, check_upsert
 from gpuprompt.index._config import MAX_DIM, check_embedder_args
+from gpuprompt.index._fusion import DEFAULT_RRF_K
 from gpuprompt.index._groups import GroupSearchMixin
+from gpuprompt.index._hybrid import HybridSearchMixin
 from gpuprompt.index._mmr import check_mmr, check_one_query
 from gpuprompt.index._search import SearchRequest, make_request
 from gpuprompt.index._types import Hit, IndexStats, Record
@@ -40,9 +42,6 @@ from gpuprompt.remote._client import SERVICE, RemoteClient, client_for
 from gpuprompt.remote._config import RemoteConfig
 from gpuprompt.validation import check_choice, check_int, check_number, check_str, fail
 from gpuprompt.wire import COLLECTION_NAME_PATTERN, MAX_IDS_PER_REQUEST, redact
-
-if TYPE_CHECKING:
-    pass
 from gpuprompt.remote._index_wire import (
     BODY_BUDGET,
     TextSearch,
@@ -59,7 +58,6 @@ from gpuprompt.remote._index_wire import (
 
 __all__ = ["COLLECTION_NAME_PATTERN", "RemoteIndex"]
 
-"""Server collection names (the server's own pattern, repeated here so no server module is imported)."""
 METRICS = ("cosine", "ip", "l2")
 _GET_CHUNK = 1024  # ids per get request: an answer carries every vector (about 2 KiB each at 384 dims)
 _ASYNC_INLINE = 1 << 16  # numbers validated on the loop thread; more are checked in a worker thread
@@ -76,7 +74,7 @@ class _Served:
     """The collection's recorded embedder, else the served one (that a new collection belongs to)."""
 
 
-class RemoteIndex(GroupSearchMixin):
+class RemoteIndex(GroupSearchMixin, HybridSearchMixin):
     """:class:`~gpuprompt.VectorIndex`'s API over a collection of a running ``gpuprompt serve``.
 
     ``add`` is an upsert; ``delete``, ``get``, ``ids``, ``search`` (many queries per call),
@@ -444,27 +442,49 @@ class RemoteIndex(GroupSearchMixin):
         answers = await asyncio.gather(*(asyncio.wrap_future(future) for future in futures))
         return [hits for answer in answers for hits in answer]
 
-    def search_text(self, queries: Sequence[str], k: int, filter: Mapping[str, Any] | None = None) -> list[list[Hit]]:
-        """The ``k`` best records for each query text, embedded and searched by the server in one
-        request (:class:`~gpuprompt.protocols.TextSearchLike`: the text travels once, its vector
-        never). The same hits as embedding with the server's embedder and calling :meth:`search`.
+    def search_text(self, queries: Sequence[str], k: int, filter: Mapping[str, Any] | None = None, *,
+                    mode: str = "dense", alpha: float | None = None, fusion: str | None = None,
+                    fetch_k: int | None = None, rrf_k: int = DEFAULT_RRF_K) -> list[list[Hit]]:
+        """The ``k`` best records for each query text, searched by the server in one request
+        (:class:`~gpuprompt.protocols.TextSearchLike`: the text travels once, its vector never):
+        embedded with the server's embedder (``mode="dense"``, the same hits as embedding and
+        calling :meth:`search`), ranked by BM25 over the documents (``"lexical"``), or both fused
+        (``"hybrid"``, with ``alpha``/``fusion``/``fetch_k``/``rrf_k`` as :meth:`hybrid_search`).
 
         Raises:
-            InputTypeError, InvalidInputError: a bad text list, ``k`` or filter (nothing is sent).
+            InputTypeError, InvalidInputError: a bad text list, ``k``, filter, mode or fusion (nothing is sent).
         """
-        request = self._text_request(queries, k, filter)
+        request = self._text_request(queries, k, filter, mode, alpha, fusion, fetch_k, rrf_k)
         return [] if not request.texts else self._submit(request).result()
 
-    async def asearch_text(self, queries: Sequence[str], k: int,
-                           filter: Mapping[str, Any] | None = None) -> list[list[Hit]]:
+    async def asearch_text(self, queries: Sequence[str], k: int, filter: Mapping[str, Any] | None = None, *,
+                           mode: str = "dense", alpha: float | None = None, fusion: str | None = None,
+                           fetch_k: int | None = None, rrf_k: int = DEFAULT_RRF_K) -> list[list[Hit]]:
         """Async :meth:`search_text` (batched with other searches of this process)."""
         await self._aready()
-        request = self._text_request(queries, k, filter)
+        request = self._text_request(queries, k, filter, mode, alpha, fusion, fetch_k, rrf_k)
         return [] if not request.texts else await asyncio.wrap_future(self._submit(request))
 
-    def _text_request(self, queries: Any, k: Any, filter: Any) -> TextSearch:
-        texts = validate_texts(queries, name="queries")
-        return TextSearch(texts, check_k(k), filter, check_filter(filter))
+    def _text_request(self, queries: Any, k: Any, filter: Any, mode: Any = "dense", alpha: Any = None,
+                      fusion: Any = None, fetch_k: Any = None, rrf_k: Any = DEFAULT_RRF_K) -> TextSearch:
+        mode = check_choice(mode, "mode", ("dense", "lexical", "hybrid"))
+        if mode == "dense":
+            texts = validate_texts(queries, name="queries")
+            if any(v is not None for v in (alpha, fusion, fetch_k)) or rrf_k != DEFAULT_RRF_K:
+                raise InvalidInputError("'alpha', 'fusion', 'fetch_k' and 'rrf_k' fuse the legs of mode 'hybrid' "
+                                        "(got mode 'dense'): drop them, or pass mode='hybrid'.")
+            return TextSearch(texts, check_k(k), filter, check_filter(filter))
+        if mode == "lexical":
+            request = self._lexical_request(queries, k, filter)
+            return TextSearch(request.texts or [], request.k, request.filter, request.key, mode="lexical")
+        texts, k, plan = self._hybrid_plan(queries, k, filter, alpha, fusion, fetch_k, rrf_k)
+        return TextSearch(texts, k, filter, check_filter(filter), mode="hybrid", fusion=plan)
+
+    def _ensure_lexical(self) -> None:
+        self._ready()
+
+    async def _aensure_lexical(self) -> None:
+        await self._aready()
 
     def mmr(
         self, query: Any, k: int = 4, fetch_k: int = 20, lambda_mult: float = 0.5, filter: Mapping[str, Any] | None = None

@@ -21,6 +21,7 @@ from gpuprompt.errors import (
     describe,
 )
 from gpuprompt.index._checks import is_tensor
+from gpuprompt.index._fusion import Fusion
 from gpuprompt.index._search import SearchRequest, request_cost
 from gpuprompt.index._types import Hit, Record
 from gpuprompt.wire import MAX_RECORDS_PER_REQUEST, encode_vectors
@@ -79,13 +80,15 @@ def _upsert_bodies(upsert: Upsert, embedder: str | None, allow_other: bool) -> I
 
 @dataclass(frozen=True)
 class TextSearch:
-    """A queued search by query texts (the server embeds them)."""
+    """A queued search by query texts (the server embeds them for dense and hybrid)."""
 
     texts: list[str]
     k: int
     filter: Mapping[str, Any] | None
     key: str | None
     mmr: tuple[int, float] | None = None
+    mode: str = "dense"
+    fusion: Fusion | None = None
 
 
 def _cost(request: SearchRequest | TextSearch) -> int:
@@ -93,9 +96,19 @@ def _cost(request: SearchRequest | TextSearch) -> int:
 
 
 def _search_body(request: SearchRequest | TextSearch) -> dict[str, Any]:
-    if isinstance(request, TextSearch):
-        return {"texts": request.texts, "k": request.k, "filter": request.filter}
-    body: dict[str, Any] = {"queries": _b64(request.queries), "k": request.k, "filter": request.filter}
+    body: dict[str, Any] = {"k": request.k, "filter": request.filter}
+    if isinstance(request, TextSearch) or request.mode == "lexical":
+        assert request.texts is not None
+        body["texts"] = request.texts
+    else:
+        body["queries"] = _b64(request.queries)
+        if request.texts is not None:
+            body["texts"] = request.texts
+    if request.mode != "dense":
+        body["mode"] = request.mode
+        fusion = request.fusion
+        if fusion is not None:
+            body.update(fusion=fusion.method, alpha=fusion.alpha, fetch_k=fusion.fetch_k, rrf_k=fusion.rrf_k)
     if request.mmr is not None:
         body["mmr"] = {"k": request.mmr[0], "lambda_mult": request.mmr[1]}
     return body

@@ -59,6 +59,7 @@ from gpuprompt.index.durable._data_dir import DataDir
 from gpuprompt.index.durable._log import CollectionLog, purge
 from gpuprompt.index.durable._records import (
     LOCK_NAME,
+    MAGIC,
     CollectionDropped,
     LogRecord,
     encode_delete,
@@ -69,6 +70,7 @@ from gpuprompt.index.durable._records import (
 
 __all__ = [
     "LOCK_NAME",
+    "MAGIC",
     "CollectionDropped",
     "CollectionLog",
     "DataDir",

@@ -4,7 +4,7 @@ The server embeds (texts in):
 
     POST   /v1/collections/{name}/documents          upsert texts (ids optional)          -> collection.documents
     POST   /v1/collections/{name}/documents/delete   delete by id
-    POST   /v1/collections/{name}/query              one text search (k, filter)
+    POST   /v1/collections/{name}/query              one text search (k, filter; mode dense | lexical | hybrid)
     POST   /v1/collections/{name}/chat               one RAG turn of a session
     DELETE /v1/collections/{name}/sessions/{id}      forget one chat session
 
@@ -15,7 +15,8 @@ The client embeds, or not (records, the calls of :class:`gpuprompt.remote.Remote
     POST   /v1/collections/{name}/records/get        records by id, in the order asked
     POST   /v1/collections/{name}/records/delete     delete by id (unknown ids ignored)
     POST   /v1/collections/{name}/records/ids        the ids matching a filter
-    POST   /v1/collections/{name}/records/search     searches and MMR, many per request, by vectors or by texts
+    POST   /v1/collections/{name}/records/search     searches and MMR, many per request, by vectors or by texts;
+                                                     lexical (BM25) and hybrid (fused) searches by texts
     DELETE /v1/collections/{name}/records            clear: every record, the embedder record, the sessions
 
 plus ``GET /v1/collections`` and ``DELETE /v1/collections/{name}``. Every write takes the same
@@ -39,6 +40,7 @@ from fastapi.responses import Response
 
 from gpuprompt.bridge import off_loop
 from gpuprompt.errors import ContextLengthError, DimensionMismatchError, InvalidInputError
+from gpuprompt.rag import asearch_texts, check_retrieval
 from gpuprompt.server._collection import Collection, recorded_embedder
 from gpuprompt.server._http import all_or_none, json_response, until_disconnect
 from gpuprompt.server.errors import ApiError
@@ -106,13 +108,18 @@ async def _dim_of(server: ServerState, collection: Collection | None) -> int:
 
 
 async def _queries(server: ServerState, search: SearchModel, dim: int, where: str) -> np.ndarray | Any:
-    """A search's query rows: the vectors given, or its texts embedded by the served embedder."""
-    if search.texts is not None:
-        if not search.texts:
-            return np.zeros((0, dim), dtype=np.float32)
-        return await server.embedder.aembed_tensor(search.texts)
-    assert search.queries is not None
-    return await _amatrix(search.queries, dim, f"{where}.queries")
+    """A search's query rows: the vectors given, or its texts embedded by the served embedder (none
+    for a lexical search)."""
+    if search.queries is not None:
+        rows = await _amatrix(search.queries, dim, f"{where}.queries")
+        if search.mode == "hybrid" and search.texts is not None and rows.shape[0] != len(search.texts):
+            raise InvalidInputError(f"'{where}.texts' must hold one text per query vector ({rows.shape[0]}) (got "
+                                    f"{len(search.texts)}): the lexical leg of each query searches its own text.")
+        return rows
+    assert search.texts is not None
+    if not search.texts or search.mode == "lexical":
+        return np.zeros((0, dim), dtype=np.float32)
+    return await server.embedder.aembed_tensor(search.texts)
 
 
 # ---------------------------------------------------------------------- the collections
@@ -156,12 +163,16 @@ async def delete_documents(server: State, body: DeleteDocumentsRequest, name: st
 
 @router.post("/v1/collections/{name}/query", response_model=QueryResponse, tags=["collections"])
 async def query(server: State, body: QueryRequest, name: str = NAME) -> Response:
-    """Similarity search of one text with an optional metadata filter: the ``records/search``
-    path with one text (batched with concurrent searches)."""
+    """Search one text with an optional metadata filter, by its embedding (``mode="dense"``), its
+    words (``"lexical"``: BM25 over the stored documents) or both fused (``"hybrid"``, ``alpha``);
+    batched with concurrent searches."""
     collection = server.collections.get(name)
     _check_filter(body.filter)  # a bad filter fails before any model work
-    vector = await server.embedder.aembed_tensor([body.query])
-    hits = (await collection.index.asearch(vector, body.k, filter=body.filter))[0]
+    retrieval = check_retrieval(body.mode, alpha=body.alpha)
+    if retrieval.mode != "dense" and not body.query.strip():
+        raise InvalidInputError(f"'query' must hold words for mode {retrieval.mode!r} to match (got {body.query!r}); "
+                                "a blank query matches nothing.")
+    hits = (await asearch_texts(collection.index, server.embedder, [body.query], body.k, body.filter, retrieval))[0]
     return json_response(QueryResponse(collection=name, hits=[_hit(h) for h in hits]))
 
 
@@ -174,7 +185,8 @@ async def collection_chat(server: State, body: CollectionChatRequest, request: R
         outcome = await until_disconnect(
             request,
             collection.rag.aanswer(collection.session_key(body.session_id), body.question, k=body.k,
-                                   filter=body.filter, max_tokens=body.max_tokens),
+                                   filter=body.filter, max_tokens=body.max_tokens,
+                                   retrieval=check_retrieval(body.mode, alpha=body.alpha)),
         )
     except ContextLengthError as exc:  # the field at fault here is the question, not 'messages'
         raise ApiError(400, str(exc), param="question", code="context_length_exceeded") from exc
@@ -291,14 +303,25 @@ async def search_records(server: State, body: SearchRecordsRequest, name: str = 
                 f"'searches[{i}].queries' must be one vector for MMR (got {queries.shape[0]}); send one "
                 "search per query."
             )
+        if search.mode != "dense":
+            check_retrieval(search.mode, alpha=search.alpha, fusion=search.fusion, fetch_k=search.fetch_k,
+                            rrf_k=search.rrf_k)
         plans.append((queries, search))
     if collection is None:
         return json_response(SearchResults(collection=name, results=[
-            [[]] if s.mmr is not None else [[] for _ in range(q.shape[0])] for q, s in plans
+            [[]] if s.mmr is not None else [[] for _ in range(len(s.texts) if s.mode == "lexical" else q.shape[0])]
+            for q, s in plans
         ]))
     index = collection.index
 
     async def run(queries: np.ndarray, search: SearchModel) -> list[list[Hit]]:
+        if search.mode == "lexical":
+            return await index.alexical_search(search.texts, search.k, search.filter) if search.texts else []
+        if search.mode == "hybrid":
+            if queries.shape[0] == 0:
+                return []
+            return await index.ahybrid_search(queries, search.texts, search.k, search.filter, alpha=search.alpha,
+                                              fusion=search.fusion, fetch_k=search.fetch_k, rrf_k=search.rrf_k)
         if search.mmr is not None:
             return [await index.ammr(queries, k=search.mmr.k, fetch_k=search.k,
                                      lambda_mult=search.mmr.lambda_mult, filter=search.filter)]

@@ -120,15 +120,37 @@ class DeleteDocumentsRequest(_Strict):
     """The ids to delete; unknown ids are ignored."""
 
 
-class QueryRequest(_Strict):
-    """``POST /v1/collections/{name}/query``: similarity search."""
+Mode = Literal["dense", "lexical", "hybrid"]
+"""How a text is searched: by its embedding, by its words (BM25), or both, fused."""
+Alpha = _number(0.0, 1.0)
+"""The dense leg's weight of a weighted fusion: 1 dense only, 0 lexical only."""
+
+
+class _Retrieval(_Strict):
+    """The retrieval fields of a text search (query, chat)."""
+
+    mode: Mode = "dense"
+    """``dense`` (embedding), ``lexical`` (BM25 over the stored documents) or ``hybrid`` (both, fused)."""
+    alpha: Alpha | None = None  # type: ignore[valid-type]
+    """Hybrid: weighted fusion with this dense weight; None: reciprocal rank fusion."""
+
+    @model_validator(mode="after")
+    def _alpha_is_hybrid(self) -> _Retrieval:
+        if self.alpha is not None and self.mode != "hybrid":
+            raise ValueError("'alpha' weighs the legs of mode 'hybrid' (got mode "
+                             f"{self.mode!r}); drop alpha or search with mode='hybrid'")
+        return self
+
+
+class QueryRequest(_Retrieval):
+    """``POST /v1/collections/{name}/query``: a text search (dense, lexical or hybrid)."""
 
     query: Annotated[Text, Field(min_length=1)]
     """The query text."""
     k: QueryK = 4
     """Most hits."""
     filter: FilterObject | None = None
-    """A metadata filter in the core's language, e.g. ``{"price": {"$lt": 100}}``."""
+    """A metadata filter in the core's language, e.g. ``{"price": {"$lt": 100}}`` (both legs)."""
 
 
 class QueryResponse(BaseModel):
@@ -140,7 +162,7 @@ class QueryResponse(BaseModel):
     """Best first."""
 
 
-class CollectionChatRequest(_Strict):
+class CollectionChatRequest(_Retrieval):
     """``POST /v1/collections/{name}/chat``: one RAG turn in a session."""
 
     session_id: Name
@@ -205,6 +227,7 @@ RecordId = Annotated[Text, Field(min_length=1, max_length=MAX_RECORD_ID_LENGTH)]
 AnyId = Annotated[Text, Field(max_length=MAX_RECORD_ID_LENGTH)]
 """A record id to look up (any well-formed str: one never stored is simply not found)."""
 K = _int(1, INT64_MAX)
+RrfK = _int(1, 2**31 - 1)
 """A number of hits (larger than the collection means all of it)."""
 Weight = _number(0.0, 1.0)
 """MMR's ``lambda_mult``."""
@@ -289,25 +312,45 @@ class MMRModel(_Strict):
 
 
 class SearchModel(_Strict):
-    """One search: its query vectors (or query texts the server embeds), ``k``, filter and, for
-    MMR, the re-ranking."""
+    """One search: query vectors and / or query texts, ``k``, filter, and for MMR the re-ranking, for
+    hybrid the fusion."""
 
     queries: Vectors | None = None
-    """Query rows of the collection's dimension (exactly one for MMR); or None with ``texts``."""
+    """Query rows of the collection's dimension (exactly one for MMR); None: ``texts`` are embedded by
+    the server (dense, hybrid) or searched by their words (lexical)."""
     texts: list[Text] | None = Field(default=None, max_length=MAX_RECORDS_PER_REQUEST)
-    """Query texts, embedded by the server with the collection's embedder (one request, no vector
-    round trip); or None with ``queries``."""
+    """Query texts: embedded by the server (dense without ``queries``), or the lexical leg's queries
+    (lexical, hybrid: one per query vector when both are given)."""
     k: K
     """Hits per query (for MMR: the candidates fetched)."""
     filter: FilterObject | None = None
-    """A metadata filter in the core's language, or None."""
+    """A metadata filter in the core's language, or None (a pre-filter of both legs)."""
     mmr: MMRModel | None = None
-    """Re-rank the candidates by MMR (one query), or None for a plain search."""
+    """Re-rank the candidates by MMR (one query, dense), or None for a plain search."""
+    mode: Mode = "dense"
+    """``dense``, ``lexical`` (BM25 over the documents) or ``hybrid`` (both legs, fused)."""
+    alpha: Alpha | None = None  # type: ignore[valid-type]
+    """Hybrid: the dense leg's weight of a weighted fusion (1 dense only, 0 lexical only); None: RRF."""
+    fusion: Literal["rrf", "weighted"] | None = None
+    """Hybrid: ``rrf`` or ``weighted`` (None: weighted with ``alpha``, else rrf)."""
+    fetch_k: K | None = None
+    """Hybrid: candidates each leg fetches (default ``max(20, 4 * k)``)."""
+    rrf_k: RrfK = 60
+    """Hybrid: the reciprocal rank fusion constant."""
 
     @model_validator(mode="after")
     def _one_form(self) -> SearchModel:
-        if (self.queries is None) == (self.texts is None):
+        if self.mode == "dense" and (self.queries is None) == (self.texts is None):
             raise ValueError("give either 'queries' (vectors) or 'texts' (embedded by the server), not both or neither")
+        if self.mode != "dense":
+            if self.texts is None:
+                raise ValueError(f"mode {self.mode!r} searches 'texts' by their words: give them")
+            if self.mode == "lexical" and self.queries is not None:
+                raise ValueError("mode 'lexical' takes no 'queries' vectors: drop them, or use mode 'hybrid'")
+            if self.mmr is not None:
+                raise ValueError(f"'mmr' re-ranks a dense search; mode {self.mode!r} takes none")
+        elif any(v is not None for v in (self.alpha, self.fusion, self.fetch_k)) or self.rrf_k != 60:
+            raise ValueError("'alpha', 'fusion' and 'fetch_k' fuse the legs of mode 'hybrid'")
         return self
 
 
