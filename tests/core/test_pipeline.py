@@ -3,6 +3,8 @@ sessions sharing the batchers, typed errors that leave the sessions untouched; a
 
 from __future__ import annotations
 
+import re
+
 import asyncio
 
 import pytest
@@ -124,7 +126,9 @@ def test_demo_prints_both_pipelines(capsys: pytest.CaptureFixture[str]) -> None:
     assert run_demo(products=40, customers=4, naive_customers=2, max_tokens=4, llm_backend="transformers") == 0
     out = capsys.readouterr().out
     assert "40 products indexed" in out
-    assert out.count("customer: ") == len(SCRIPT)
+    assert out.count("customer: ") == len(SCRIPT) + 1  # the scripted turns and the question naming a code
+    named = re.search(r"\(asked for (P\d{6})\)", out).group(1)
+    assert f"hybrid (BM25 + vectors, alpha 0.3): {named}" in out
     for stage in ("embed", "retrieve", "context", "generate", "total", "response", "answers/s"):
         assert f"\n{stage}" in out
     assert "naive serial, 2 cust. p50" in out and "gpuprompt, 4 cust. p50" in out

@@ -124,6 +124,11 @@ def identify(path: Path) -> int:
         assert loaded.backend_name == "faiss:Flat:cpu"
         _, rows = loaded._backend.search(vectors, 1, None, loaded._store)
         assert [loaded._store.ids[row] for row in rows[:, 0]] == ids
+        # the lexical leg is rebuilt from the very records loaded: it can never disagree with them
+        loaded._ensure_lexical()
+        for i, key in enumerate(ids):
+            _, found = loaded._lexical.search(f"document {i}", 1, None, loaded._store.size)
+            assert [loaded._store.ids[row] for row in found] == [key], "the lexical leg and the records disagree"
         return v
     finally:
         loaded.close()

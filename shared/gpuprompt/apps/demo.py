@@ -168,6 +168,17 @@ def run_demo(
         print(f"      sources: {', '.join(h.id for h in reply.sources)}  "
               f"({reply.timings.total_s * 1000:,.0f} ms, {len(reply.history)} history turns)")
 
+    named = items[len(items) * 3 // 7]
+    question = f"I bought SKU {named['id']}: how much will it shrink?"
+    print("\n   A question that names an article code: the code decides, not the meaning")
+    dense = index.search(embedder.embed([question]), 1)[0]
+    hybrid = RAGPipeline(index, llm, embedder=embedder, max_tokens=max_tokens, retrieval="hybrid", alpha=0.3)
+    reply = hybrid.answer("bob", question)
+    print(f"   customer: {question}")
+    print(f"      dense retrieval's best match: {dense[0].id if dense else '-'}; hybrid (BM25 + vectors, "
+          f"alpha 0.3): {reply.sources[0].id if reply.sources else '-'} (asked for {named['id']})")
+    print(textwrap.fill(f"assistant: {reply.answer}", 100, initial_indent="   ", subsequent_indent="      "))
+
     questions = customer_questions(customers)
     print(f"\n4. A burst of {customers} concurrent customers")
 

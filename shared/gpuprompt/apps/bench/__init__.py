@@ -39,6 +39,7 @@ _MODULES = [
     "gpuprompt.apps.bench.index_bulk",
     "gpuprompt.apps.bench.multiproc",
     "gpuprompt.apps.bench.rerank",
+    "gpuprompt.apps.bench.hybrid",
 ]
 
 
