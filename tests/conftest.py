@@ -25,10 +25,26 @@ def _cuda_available() -> bool:
     return torch.cuda.is_available()
 
 
+_TIERS = {"unit": "unit", "contracts": "contracts", "server": "system", "remote": "system"}
+_SYSTEM = ("fleet", "ray", "redis", "vllm")
+
+
+def _tier(item: pytest.Item) -> str:
+    """The cost tier of a test: its folder's (unit, contracts), ``system`` for real servers, fleets,
+    Ray, Redis and vLLM, else ``integration`` (real models in process)."""
+    folder = item.path.parent.name
+    if folder in ("unit", "contracts"):
+        return folder
+    if _TIERS.get(folder) == "system" or any(item.get_closest_marker(m) is not None for m in _SYSTEM):
+        return "system"
+    return "integration"
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:  # every hypothesis test is a property test (`make fuzz` runs them alone)
         if getattr(getattr(item, "obj", None), "is_hypothesis_test", False):
             item.add_marker(pytest.mark.property)
+        item.add_marker(getattr(pytest.mark, _tier(item)))  # -m unit | contracts | integration | system
     if _cuda_available():
         return
     skip = pytest.mark.skip(reason="needs CUDA (marked gpu)")
