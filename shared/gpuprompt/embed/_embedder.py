@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from gpuprompt._loaded import LoadedModel
 from gpuprompt._tokens import Encoded, Tokens
 from gpuprompt.batching import MicroBatcher, check_priority
 from gpuprompt.device import default_dtype, resolve_device
@@ -58,7 +59,7 @@ class _Plan:
     futures: list[Future]
 
 
-class Embedder:
+class Embedder(LoadedModel):
     """Batched, cached sentence embeddings on the best device.
 
     Nothing is loaded until the first call (or :meth:`load`). Concurrent calls are coalesced by
@@ -82,6 +83,8 @@ class Embedder:
         config: a full :class:`EmbedderConfig` (then pass no other option).
         **options: the other :class:`EmbedderConfig` fields (``device``, ``normalize``, ...).
     """
+
+    _kind = "Embedder"
 
     def __init__(self, model: str | None = None, *, config: EmbedderConfig | None = None, **options: Any) -> None:
         if config is not None and (model is not None or options):
@@ -110,24 +113,7 @@ class Embedder:
         self._texts = self._hits = self._misses = self._dups = self._truncated = 0
         self._closed = False
 
-    def __repr__(self) -> str:
-        state = "loaded" if self._model is not None else "not loaded"
-        quantize = self._quantization if self._model is not None else self.config.quantize
-        extra = f" quantize={quantize!r}" if quantize else ""
-        return f"<Embedder {self._model_id!r} device={self._device or self.config.device!r}{extra} {state}>"
-
     # ------------------------------------------------------------------ loading
-    @property
-    def model_id(self) -> str:
-        """The model's name (hub id or path) as configured; part of every cache key."""
-        return self._model_id
-
-    @property
-    def device(self) -> str:
-        """The resolved torch device (loads the model)."""
-        self.load()
-        assert self._device is not None
-        return self._device
 
     @property
     def dim(self) -> int:
@@ -135,20 +121,6 @@ class Embedder:
         self.load()
         assert self._dim is not None
         return self._dim
-
-    @property
-    def quantization(self) -> str | None:
-        """The forward pass's quantisation once loaded: ``"int8"``, or None for full precision (also
-        when ``quantize="auto"`` fell back). Loads the model."""
-        self.load()
-        return self._quantization
-
-    @property
-    def quality(self) -> QualityReport | None:
-        """The quality guard's figures for the int8 model, also when ``quantize="auto"`` fell back
-        because of them (None when no int8 model was asked for or built). Loads the model."""
-        self.load()
-        return self._quality
 
     @property
     def identity(self) -> str:

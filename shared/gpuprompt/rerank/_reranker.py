@@ -21,6 +21,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from gpuprompt._loaded import LoadedModel
 from gpuprompt.batching import MicroBatcher, check_priority
 from gpuprompt.device import default_dtype, resolve_device
 from gpuprompt.errors import (
@@ -91,7 +92,7 @@ def check_documents(documents: Any, limit: int | None = None) -> list[str]:
     return documents
 
 
-class Reranker:
+class Reranker(LoadedModel):
     """Batched, cached cross-encoder reranking on the best device.
 
     Nothing is loaded until the first call (or :meth:`load`). Use
@@ -113,6 +114,8 @@ class Reranker:
         config: a full :class:`RerankerConfig` (then pass no other option).
         **options: the other :class:`RerankerConfig` fields (``device``, ``max_length``, ...).
     """
+
+    _kind = "Reranker"
 
     def __init__(self, model: str | None = None, *, config: RerankerConfig | None = None, **options: Any) -> None:
         if config is not None and (model is not None or options):
@@ -140,24 +143,7 @@ class Reranker:
         self._pairs = self._cache_hits = self._scored = self._truncated = 0
         self._closed = False
 
-    def __repr__(self) -> str:
-        state = "loaded" if self._model is not None else "not loaded"
-        quantize = self._quantization if self._model is not None else self.config.quantize
-        extra = f" quantize={quantize!r}" if quantize else ""
-        return f"<Reranker {self._model_id!r} device={self._device or self.config.device!r}{extra} {state}>"
-
     # ------------------------------------------------------------------ properties
-    @property
-    def model_id(self) -> str:
-        """The model's name (hub id or path) as configured; part of every cache key."""
-        return self._model_id
-
-    @property
-    def device(self) -> str:
-        """The resolved torch device (loads the model)."""
-        self.load()
-        assert self._device is not None
-        return self._device
 
     @property
     def max_length(self) -> int:
@@ -171,18 +157,6 @@ class Reranker:
         """How logits become scores: ``"sigmoid"`` or ``"identity"`` (loads the model)."""
         self.load()
         return self._activation
-
-    @property
-    def quantization(self) -> str | None:
-        """``"int8"`` when the int8 forward pass serves, else None (loads the model)."""
-        self.load()
-        return self._quantization
-
-    @property
-    def quality(self) -> RankingReport | None:
-        """The int8 guard's figures (None when no int8 model was asked for). Loads the model."""
-        self.load()
-        return self._quality
 
     @property
     def identity(self) -> str:

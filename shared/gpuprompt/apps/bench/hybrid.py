@@ -60,7 +60,7 @@ def corpus(n: int) -> tuple[list[dict[str, Any]], Any]:
         vectors = np.load(path)
         if vectors.shape[0] == n:
             return products, vectors
-    from gpuprompt import Embedder
+    from gpuprompt.embed import Embedder
 
     embedder = Embedder(device="cpu").load()
     try:
@@ -100,7 +100,7 @@ def _stock(products: list[dict[str, Any]], vectors: Any) -> tuple[Any, Any]:
 
 
 def _ours(products: list[dict[str, Any]], vectors: Any) -> tuple[Any, Any, Any, Any]:
-    from gpuprompt import VectorIndex
+    from gpuprompt.index import VectorIndex
     from langchain_gpuprompt import GPUPromptEmbeddings, GPUPromptVectorStore
 
     embeddings = GPUPromptEmbeddings(device="cpu")
