@@ -9,66 +9,12 @@ from __future__ import annotations
 
 import socket
 import threading
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-STARTUP_TIMEOUT_S = 60.0
-
-
-class LiveServer:
-    """An app served by uvicorn on a free loopback port, in a daemon thread."""
-
-    def __init__(self, app: Any) -> None:
-        import uvicorn
-
-        self.app = app
-        self._socket = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        self._socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self._socket.bind(("127.0.0.1", 0))
-        self.port = self._socket.getsockname()[1]
-        self.url = f"http://127.0.0.1:{self.port}"
-        self._server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
-        self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [self._socket]}, daemon=True)
-
-    def start(self) -> LiveServer:
-        self._thread.start()
-        deadline = time.monotonic() + STARTUP_TIMEOUT_S
-        while not self._server.started:
-            if not self._thread.is_alive() or time.monotonic() > deadline:
-                raise RuntimeError("the test server did not start")
-            time.sleep(0.05)
-        return self
-
-    def stop(self) -> None:
-        self._server.should_exit = True
-        self._thread.join(30)
-        self._socket.close()
-
-    @property
-    def state(self) -> Any:
-        """The app's server state (its engine, embedder, metrics, gate)."""
-        return self.app.state.gpuprompt
-
-
-def start_server(**options: Any) -> LiveServer:
-    """``create_app(**options)`` served on a free loopback port."""
-    from gpuprompt.server import create_app
-
-    return LiveServer(create_app(**options)).start()
-
-
-def wait_until(predicate: Callable[[], bool], timeout: float = 30.0, interval: float = 0.05) -> bool:
-    """Poll ``predicate`` until true or ``timeout`` seconds pass; return whether it became true."""
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(interval)
-    return True
+from support.live import LiveServer, start_server, wait_until  # noqa: F401 - the shared server class
 
 
 @pytest.fixture(scope="session")

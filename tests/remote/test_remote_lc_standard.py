@@ -1,5 +1,6 @@
 """langchain-tests standard suites for ChatGPUPrompt in remote mode, against a live ``gpuprompt serve``
-over the transformers backend.
+over the session's shared vLLM engine (the one the in-process vLLM suite runs; transformers where
+vLLM is not installed).
 
 The integration class is the in-process one (tests/langchain/test_lc_chat_models_standard.py, its
 xfails for the 135M model's quality included), pointed at the server with ``base_url`` instead of
@@ -29,6 +30,22 @@ def _in_process_suite() -> type:
 
 
 _Integration = _in_process_suite()
+_HAS_VLLM = importlib.util.find_spec("vllm") is not None
+
+
+@pytest.fixture(scope="module")
+def standard_live(embedder, live: Any) -> Any:
+    """A server over the Runtime's shared vLLM engine (started once per session, shared with the
+    in-process vLLM suite), so the suite's generations run at vLLM's speed; else the default server."""
+    if not _HAS_VLLM:
+        yield live
+        return
+    from support.live import start_server
+
+    engine = ChatGPUPrompt(backend="vllm").engine
+    server = start_server(embedder=embedder, llm=engine)
+    yield server
+    server.stop()
 
 
 class TestChatGPUPromptRemoteUnit(ChatModelUnitTests):
@@ -56,13 +73,13 @@ class TestChatGPUPromptRemoteUnit(ChatModelUnitTests):
 
 
 class TestChatGPUPromptRemoteIntegration(_Integration):  # type: ignore[misc, valid-type]
-    """The in-process suite, every call going through ``gpuprompt serve`` (transformers backend)."""
+    """The in-process suite, every call going through ``gpuprompt serve`` (vLLM where installed)."""
 
     url: str = ""
 
     @pytest.fixture(autouse=True, scope="class")
-    def _server(self, live: Any) -> None:
-        type(self).url = live.url
+    def _server(self, standard_live: Any) -> None:
+        type(self).url = standard_live.url
 
     @property
     def chat_model_params(self) -> dict[str, Any]:

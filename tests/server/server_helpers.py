@@ -1,69 +1,7 @@
-"""Helpers of the server tests: a live uvicorn server on a loopback port, and bounded polling."""
+"""The server tests' helpers: the shared live server and polling (:mod:`support.live`)."""
 
 from __future__ import annotations
 
-import socket
-import threading
-import time
-from typing import Any
+from support.live import STARTUP_TIMEOUT_S, LiveServer, start_server, wait_until
 
-import httpx
-
-STARTUP_TIMEOUT_S = 60.0
-
-
-class LiveServer:
-    """A uvicorn server running an app on a loopback port, in a daemon thread."""
-
-    def __init__(self, app: Any) -> None:
-        import uvicorn
-
-        self.app = app
-        self._socket = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        self._socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self._socket.bind(("127.0.0.1", 0))
-        self.port = self._socket.getsockname()[1]
-        self.url = f"http://127.0.0.1:{self.port}"
-        self._server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
-        self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [self._socket]}, daemon=True)
-
-    def start(self) -> LiveServer:
-        self._thread.start()
-        deadline = time.monotonic() + STARTUP_TIMEOUT_S
-        while not self._server.started:
-            if not self._thread.is_alive() or time.monotonic() > deadline:
-                raise RuntimeError("the test server did not start")
-            time.sleep(0.05)
-        return self
-
-    def stop(self) -> None:
-        self._server.should_exit = True
-        self._thread.join(30)
-        self._socket.close()
-
-    @property
-    def state(self) -> Any:
-        """The app's server state (components, metrics, gate)."""
-        return self.app.state.gpuprompt
-
-    def client(self, **options: Any) -> httpx.Client:
-        options.setdefault("timeout", 120.0)
-        return httpx.Client(base_url=self.url, **options)
-
-
-def start_server(**kwargs: Any) -> LiveServer:
-    """Build an app with ``create_app(**kwargs)`` and serve it on a free loopback port."""
-    from gpuprompt.server import create_app
-
-    return LiveServer(create_app(**kwargs)).start()
-
-
-def wait_until(predicate: Any, timeout: float = 30.0, interval: float = 0.05) -> bool:
-    """Poll ``predicate`` until true or ``timeout`` seconds pass; return its last value."""
-    deadline = time.monotonic() + timeout
-    while True:
-        if predicate():
-            return True
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(interval)
+__all__ = ["STARTUP_TIMEOUT_S", "LiveServer", "start_server", "wait_until"]
