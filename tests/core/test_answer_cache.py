@@ -67,12 +67,13 @@ async def test_async_twins(embedder) -> None:
 @pytest.mark.parametrize(
     "options",
     [{"score_threshold": 1.5}, {"score_threshold": float("nan")}, {"max_entries": 0}, {"max_entries": True},
-     {"ttl_seconds": 0}, {"ttl_seconds": float("inf")}, {"clock": 3}, {"embedder": object()}],
+     {"ttl_seconds": 0}, {"ttl_seconds": float("inf")}, {"clock": 3}, {"embedder": object()},
+     {"embedder": None}],
     ids=repr,
 )
-def test_bad_options_are_refused(options: dict) -> None:
+def test_bad_options_are_refused(embedder, options: dict) -> None:
     with pytest.raises(ConfigurationError):
-        AnswerCache(**options)
+        AnswerCache(**{"embedder": embedder, **options})
 
 
 @pytest.mark.parametrize("prompt", [None, 5, b"x", ["x"], "lone \ud800"], ids=repr)

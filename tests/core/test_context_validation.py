@@ -249,7 +249,7 @@ def test_bad_options_are_configuration_errors(name: str, value: Any) -> None:
 
 @pytest.mark.parametrize("embedder", [object(), "cpu", 5])
 def test_bad_embedder_is_a_configuration_error(embedder: Any) -> None:
-    with pytest.raises(ConfigurationError, match="'embedder' must be a gpuprompt.Embedder or None"):
+    with pytest.raises(ConfigurationError, match=r"'embedder' must be a gpuprompt.Embedder \(an EmbedderLike\)"):
         ContextCache(embedder)
 
 

@@ -136,6 +136,18 @@ def test_demo_prints_both_pipelines(capsys: pytest.CaptureFixture[str]) -> None:
     assert "x the naive pipeline; device cpu, LLM backend transformers" in out
 
 
+def test_demo_shows_the_rerank_stage_with_a_rerank_model(cross_encoder_path: str,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    from gpuprompt.apps.demo import run_demo
+
+    assert run_demo(products=30, customers=2, naive_customers=1, max_tokens=2, llm_backend="transformers",
+                    rerank_model=cross_encoder_path) == 0
+    out = capsys.readouterr().out
+    assert "20 candidates retrieved, the best 4 kept" in out
+    rerank = next(line for line in out.splitlines() if line.startswith("rerank "))
+    assert rerank.split("|")[1].strip() == "-" and " ms" in rerank.split("|")[2]  # naive: no stage; ours: timed
+
+
 def test_demo_refuses_bad_sizes(capsys: pytest.CaptureFixture[str]) -> None:
     from gpuprompt.apps.cli import main
     from gpuprompt.apps.demo import run_demo

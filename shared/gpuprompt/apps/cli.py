@@ -71,7 +71,7 @@ def _demo(args: argparse.Namespace) -> int:
     from gpuprompt.apps.demo import run_demo
 
     return run_demo(products=args.products, customers=args.customers, max_tokens=args.max_tokens,
-                    llm_backend=args.llm_backend)
+                    llm_backend=args.llm_backend, rerank_model=args.rerank_model)
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -140,6 +140,8 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--customers", type=_positive_int, default=32,
                       help="concurrent customers in the burst (default 32)")
     demo.add_argument("--max-tokens", type=_positive_int, default=48, help="new tokens per answer (default 48)")
+    demo.add_argument("--rerank-model", default=None,
+                      help="a cross-encoder (local folder or hub id): retrieve 20, rerank to 4, show the stage")
     demo.add_argument("--llm-backend", choices=["auto", "vllm", "transformers"], default="auto",
                       help="LLM engine backend (default auto: vLLM when it starts, else transformers)")
     demo.set_defaults(func=_demo)

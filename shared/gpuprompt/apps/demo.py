@@ -26,6 +26,7 @@ class _StageRow:
     generate: list[float]
     total: list[float]
     response: list[float]  # what the customer waits: queueing behind earlier customers included
+    rerank: list[float] | None = None  # with a rerank model: the cross-encoder stage
 
 
 class NaivePipeline:
@@ -93,6 +94,8 @@ def _p(values: Sequence[float], q: float) -> float:
 
 def _table(rows: dict[str, _StageRow], throughput: dict[str, float]) -> str:
     stages = ["embed", "retrieve", "context", "generate", "total", "response"]
+    if any(row.rerank is not None for row in rows.values()):
+        stages.insert(2, "rerank")
     names = list(rows)
     header = f"{'stage':10s}" + "".join(f" | {name + ' p50':>30s} {'p95':>8s}" for name in names)
     lines = [header, "-" * len(header)]
@@ -100,6 +103,9 @@ def _table(rows: dict[str, _StageRow], throughput: dict[str, float]) -> str:
         cells = []
         for name in names:
             values = getattr(rows[name], stage)
+            if values is None:
+                cells.append(f" | {'-':>30s} {'':>8s}")
+                continue
             cells.append(f" | {_p(values, 0.5) * 1000:>27,.0f} ms {_p(values, 0.95) * 1000:>6,.0f} ms")
         lines.append(f"{stage:10s}" + "".join(cells))
     lines.append(f"{'answers/s':10s}" + "".join(f" | {throughput[n]:>30.2f} {'':>8s}" for n in names))
@@ -112,6 +118,7 @@ def run_demo(
     naive_customers: int | None = None,
     max_tokens: int = 48,
     llm_backend: str = "auto",
+    rerank_model: str | None = None,
 ) -> int:
     """Run the demo and print what it does; return the process exit code.
 
@@ -122,6 +129,8 @@ def run_demo(
             (None: all of them).
         max_tokens: new tokens per answer.
         llm_backend: the engine backend (``"auto"``, ``"vllm"`` or ``"transformers"``).
+        rerank_model: a cross-encoder (local folder or hub id): the pipeline then retrieves 20
+            candidates and reranks them to 4, and the stage table gets a ``rerank`` row.
 
     Raises:
         ConfigurationError: a count that is not an int >= 1.
@@ -156,7 +165,12 @@ def run_demo(
     llm = runtime.llm(backend=llm_backend)
     llm.load()
     print(f"   backend {llm.backend_name} ready in {time.perf_counter() - t:.1f} s")
-    rag = RAGPipeline(index, llm, embedder=embedder, max_tokens=max_tokens)
+    reranker = None
+    if rerank_model is not None:
+        reranker = runtime.reranker(rerank_model).load()
+        print(f"   reranking with {reranker.model_id}: 20 candidates retrieved, the best 4 kept")
+    rag = RAGPipeline(index, llm, embedder=embedder, max_tokens=max_tokens, reranker=reranker,
+                      fetch_k=20 if reranker is not None else None)
 
     print("\n3. A scripted conversation (session 'alice')")
     scripted = []
@@ -190,7 +204,8 @@ def run_demo(
     burst_wall = time.perf_counter() - t
     print(f"   {customers} answers in {burst_wall:.1f} s")
     fast = _StageRow(*([getattr(r.timings, f"{s}_s") for r in replies] for s in
-                       ("embed", "retrieve", "context", "generate", "total", "total")))
+                       ("embed", "retrieve", "context", "generate", "total", "total")),
+                     rerank=[r.timings.rerank_s for r in replies] if reranker is not None else None)
 
     print(f"\n5. The same conversation, then {naive_customers} customers, through a naive serial pipeline "
           "(one request at a time, history re-encoded every turn)")
