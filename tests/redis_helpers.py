@@ -9,10 +9,11 @@ import importlib.util
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import time
 from pathlib import Path
+
+from support.live import free_port
 
 
 def redis_server_binary() -> str | None:
@@ -27,11 +28,6 @@ def redis_server_binary() -> str | None:
             return str(bundled)
     return None
 
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 class RedisServer:

@@ -15,7 +15,9 @@ import json
 import os
 import shutil
 import tempfile
+import threading
 from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -70,6 +72,48 @@ def session(path: Path | str | bytes, *, threads: int = 1) -> Any:
     except Exception as exc:
         raise ModelLoadError(f"onnxruntime could not load {path if not isinstance(path, bytes) else 'the graph'}: "
                              f"{exc}; delete the folder to rebuild it.") from exc
+
+
+class SlicedSession:
+    """A one-thread onnxruntime session whose batches run as row slices on a few long-lived threads.
+
+    Threads that only call onnxruntime run no torch op, so they start no OpenMP team of their own.
+    Subclasses cut a batch with :func:`row_slices` and run the parts through :meth:`map_slices`.
+
+    Args:
+        path: the int8 ONNX file.
+        threads: slices run at once (default: torch's thread count).
+        name: the slice threads' name prefix.
+    """
+
+    def __init__(self, path: Path, *, threads: int | None = None, name: str = "gpuprompt-int8") -> None:
+        import torch
+
+        self._threads = max(1, threads or torch.get_num_threads())
+        self._session = session(path, threads=1)
+        self._inputs = [i.name for i in self._session.get_inputs()]
+        self._pool: ThreadPoolExecutor | None = None
+        self._pool_lock = threading.Lock()
+        self._name = name
+        self.path = path
+
+    def map_slices(self, run: Callable[[tuple[int, int, int]], Any], slices: list[tuple[int, int, int]]) -> list[Any]:
+        """``run`` over every slice, on the calling thread when there is one slice, else on the pool."""
+        if len(slices) == 1:
+            return [run(slices[0])]
+        with self._pool_lock:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(self._threads, thread_name_prefix=self._name)
+            pool = self._pool
+        return list(pool.map(run, slices))
+
+    def close(self) -> None:
+        """Release the session and the slice threads."""
+        with self._pool_lock:
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=False)
+        self._session = None
 
 
 def row_slices(lengths: list[int], parts: int, *, width: int, right_padded: bool = True) -> list[tuple[int, int, int]]:

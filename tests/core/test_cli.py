@@ -16,7 +16,7 @@ from gpuprompt.errors import ConfigurationError
 EXPECTED_SCENARIOS = {
     "embed-concurrency", "context-turns", "search-concurrency", "search-ann", "llm-concurrency",
     "llm-prefix-cache", "lc-retriever", "li-query", "rag-e2e", "gpu-smoke", "embed-quant", "agent-tools",
-    "milvus-concurrency", "index-bulk", "multiproc",
+    "milvus-concurrency", "index-bulk", "multiproc", "rerank", "hybrid", "rag-rerank",
 }
 
 

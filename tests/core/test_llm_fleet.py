@@ -23,7 +23,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -35,6 +34,7 @@ from typing import Any
 
 import httpx
 import pytest
+from support.live import free_port, wait_until
 
 from gpuprompt.errors import GPUPromptError
 from gpuprompt.llm import GenerationRequest, GenerationResult, LLMEngine
@@ -57,19 +57,6 @@ BOUND_S = 120.0
 """Most seconds any request may take to succeed or fail once its server is gone."""
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def wait_until(predicate: Callable[[], bool], timeout: float = 30.0, interval: float = 0.05) -> bool:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(interval)
-    return True
 
 
 def metric(url: str, name: str) -> float:

@@ -13,19 +13,15 @@ import asyncio
 import contextlib
 import importlib.util
 import json
-import os
-import socket
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
 from typing import Any, ClassVar
 
 import httpx
 import pytest
+from support.live import free_port, start_server, vllm_api_server, wait_until
 
 from gpuprompt.errors import ConfigurationError, EngineError, InvalidInputError, QueueFullError
 from gpuprompt.llm import GenerationRequest, LLMEngine
@@ -50,51 +46,13 @@ PERSON = {
 }
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def wait_until(predicate: Any, timeout: float = 30.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.05)
-    return True
-
-
 # ---------------------------------------------------------------------- gpuprompt serve
-class _Uvicorn:
-    """An app under uvicorn on a free loopback port, in a daemon thread."""
-
-    def __init__(self, app: Any) -> None:
-        import uvicorn
-
-        self._socket = socket.socket()
-        self._socket.bind(("127.0.0.1", 0))
-        self.url = f"http://127.0.0.1:{self._socket.getsockname()[1]}"
-        self._server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
-        self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [self._socket]}, daemon=True)
-        self._thread.start()
-        if not wait_until(lambda: self._server.started or not self._thread.is_alive(), 120):
-            raise RuntimeError("the gpuprompt server did not start")
-
-    def stop(self) -> None:
-        self._server.should_exit = True
-        self._thread.join(30)
-        self._socket.close()
-
-
 @pytest.fixture(scope="module")
 def gp_server(embedder, tf_engine) -> Iterator[str]:
     """``gpuprompt serve``'s app over the session's transformers engine."""
     if not HAS_SERVER:
         pytest.skip("the server extra (fastapi, uvicorn) is not installed")
-    from gpuprompt.server import create_app
-
-    server = _Uvicorn(create_app(embedder=embedder, llm=tf_engine))
+    server = start_server(embedder=embedder, llm=tf_engine)
     yield server.url
     server.stop()
 
@@ -369,38 +327,12 @@ def vllm_server(tmp_path_factory) -> Iterator[str]:
         pytest.skip("vLLM is not installed")
     from gpuprompt.models import resolve_chat_model
 
-    port = free_port()
     log = tmp_path_factory.mktemp("vllm") / "server.log"
-    command = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", resolve_chat_model(None),
-               "--max-model-len", "2048", "--port", str(port), "--host", "127.0.0.1", "--enforce-eager",
-               "--dtype", "bfloat16", "--scheduling-policy", "priority", "--max-num-seqs", "4",
-               "--enable-prompt-tokens-details",
-               "--structured-outputs-config", '{"backend": "xgrammar", "disable_any_whitespace": true}']
-    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1"}
-    with open(log, "wb") as handle:
-        process = subprocess.Popen(command, stdout=handle, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
-
-    def up() -> bool:
-        if process.poll() is not None:
-            return True
-        try:
-            return httpx.get(f"{url}/v1/models", timeout=2).status_code == 200
-        except httpx.HTTPError:
-            return False
-
-    try:
-        wait_until(up, 400)
-        if process.poll() is not None:
-            pytest.fail(f"the vLLM server exited:\n{Path(log).read_text()[-4000:]}")
+    with vllm_api_server(resolve_chat_model(None), log, "--max-model-len", "2048", "--dtype", "bfloat16",
+                         "--scheduling-policy", "priority", "--max-num-seqs", "4", "--enable-prompt-tokens-details",
+                         "--structured-outputs-config",
+                         '{"backend": "xgrammar", "disable_any_whitespace": true}') as url:
         yield url
-    finally:
-        process.terminate()
-        try:
-            process.wait(60)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, 9)
-            process.wait(30)
 
 
 @pytest.fixture(scope="module")

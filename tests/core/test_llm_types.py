@@ -30,6 +30,8 @@ def test_llm_package_all_is_pinned() -> None:
         "ToolChoice",
         "ToolSpec",
         "Usage",
+        "check_call_policy",
+        "check_tool_choice",
     ]
 
 

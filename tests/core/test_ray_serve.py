@@ -3,19 +3,19 @@
 from __future__ import annotations
 
 import json
-import socket
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+from support.live import free_port
 
 pytest.importorskip("ray.serve")
 httpx = pytest.importorskip("httpx")
 
 from gpuprompt.apps.bulk import index_bulk
 from gpuprompt.apps.bulk._ray import ensure_ray
-from gpuprompt.errors import ConfigurationError
 from gpuprompt.apps.ray import DEFAULT_MAX_ONGOING_REQUESTS, build_app
+from gpuprompt.errors import ConfigurationError
 
 pytestmark = pytest.mark.ray
 
@@ -37,11 +37,6 @@ def ray_cluster():
     if started:
         ray.shutdown()
 
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def test_build_app_checks_options_before_any_replica_starts() -> None:

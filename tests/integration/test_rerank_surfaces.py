@@ -177,6 +177,34 @@ async def test_rerank_route_in_the_shape_vllm_and_cohere_serve(server: InProcess
         assert (await http.get("/health")).json()["rerank_model"] == reranker.model_id
 
 
+async def test_rerank_route_in_text_embeddings_inference_shape(server: InProcessServer, reranker, docs) -> None:
+    """TEI's ``POST /rerank``: ``texts`` in, a bare list of ``{index, score[, text]}`` out, best first."""
+    expected = reranker.rerank(QUERY, docs)
+    async with server.client() as http:
+        reply = await http.post("/rerank", json={"query": QUERY, "texts": docs, "truncate": True})
+        assert reply.status_code == 200, reply.text
+        ranks = reply.json()
+        assert isinstance(ranks, list) and [r["index"] for r in ranks] == [h.index for h in expected]
+        np.testing.assert_allclose([r["score"] for r in ranks], [h.score for h in expected], atol=1e-5)
+        assert all(set(r) == {"index", "score"} for r in ranks)
+        echoed = (await http.post("/rerank", json={"query": QUERY, "texts": docs[:3], "return_text": True})).json()
+        assert [r["text"] for r in echoed] == [docs[r["index"]] for r in echoed]
+        assert (await http.post("/rerank", json={"query": QUERY, "texts": []})).json() == []
+        raw = await http.post("/rerank", json={"query": QUERY, "texts": docs[:2], "raw_scores": True})
+        if reranker.activation == "identity":
+            assert raw.status_code == 200
+        else:
+            assert raw.status_code == 400 and raw.json()["error"]["param"] == "raw_scores"
+        for bad, param in [({"query": QUERY, "texts": "a bare string"}, "texts"), ({"texts": ["a"]}, "query"),
+                           ({"query": QUERY, "texts": ["a"], "truncation_direction": "Left"}, "truncation_direction")]:
+            reply = await http.post("/rerank", json=bad)
+            assert reply.status_code == 400, reply.text
+            assert param in (reply.json()["error"]["param"] or "")
+        wrong = await http.post("/rerank", json=["not", "an", "object"])
+        assert wrong.status_code == 400 and wrong.json()["error"]["type"] == "invalid_request_error"
+
+
+@pytest.mark.parametrize("path", ["/v1/rerank", "/rerank"])
 @pytest.mark.parametrize(
     ("body", "param"),
     [
@@ -190,12 +218,12 @@ async def test_rerank_route_in_the_shape_vllm_and_cohere_serve(server: InProcess
         ({"documents": ["a"]}, "query"),
     ],
 )
-async def test_bad_rerank_requests_are_openai_style_400s(server: InProcessServer, body, param) -> None:
+async def test_bad_rerank_requests_are_openai_style_400s(server: InProcessServer, path: str, body, param) -> None:
     async with server.client() as http:
         if isinstance(body, str):
-            reply = await http.post("/v1/rerank", content=body, headers={"Content-Type": "application/json"})
+            reply = await http.post(path, content=body, headers={"Content-Type": "application/json"})
         else:
-            reply = await http.post("/v1/rerank", json=body)
+            reply = await http.post(path, json=body)
     assert reply.status_code == 400, reply.text
     error = reply.json()["error"]
     assert error["type"] == "invalid_request_error" and param in (error["param"] or "")

@@ -1,12 +1,19 @@
 """A live ``gpuprompt serve`` app under uvicorn on a loopback port (for the tests where the socket
-matters: disconnects, 413s, streaming, other processes), and bounded polling. The one copy used
+matters: disconnects, 413s, streaming, other processes), vLLM's own OpenAI server in a subprocess,
+and bounded polling. The one copy used
 by tests/server and tests/remote; where a socket adds nothing, use :mod:`support.asgi`."""
 
 from __future__ import annotations
 
+import contextlib
+import os
 import socket
+import subprocess
+import sys
 import threading
 import time
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -69,3 +76,47 @@ def wait_until(predicate: Any, timeout: float = 30.0, interval: float = 0.05) ->
         if time.monotonic() > deadline:
             return False
         time.sleep(interval)
+
+
+def free_port() -> int:
+    """A loopback port nobody listens on now."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+@contextlib.contextmanager
+def vllm_api_server(model: str, log: Path, *args: str, timeout: float = 400.0) -> Iterator[str]:
+    """vLLM's own OpenAI server (``vllm.entrypoints.openai.api_server``) for ``model`` on a free
+    loopback port, with ``args`` added; yields its URL once ``/v1/models`` answers, and stops it
+    (SIGTERM, then SIGKILL of its process group) on exit. Fails the test with the log's tail when
+    the server exits or never answers."""
+    import pytest
+
+    port = free_port()
+    command = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model,
+               "--port", str(port), "--host", "127.0.0.1", "--enforce-eager", *args]
+    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1"}
+    with open(log, "wb") as handle:
+        process = subprocess.Popen(command, stdout=handle, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+
+    def up() -> bool:
+        if process.poll() is not None:
+            return True
+        try:
+            return httpx.get(f"{url}/v1/models", timeout=2).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    try:
+        if not wait_until(up, timeout, interval=0.5) or process.poll() is not None:
+            pytest.fail(f"vLLM's server for {model} did not come up:\n{log.read_text(errors='replace')[-4000:]}")
+        yield url
+    finally:
+        process.terminate()
+        try:
+            process.wait(60)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, 9)
+            process.wait(30)

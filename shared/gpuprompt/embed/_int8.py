@@ -34,16 +34,14 @@ compiled graph), not a drop-in forward swap; onnxruntime's CPU kernels used here
 
 from __future__ import annotations
 
-import threading
 import warnings
 from collections.abc import Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from gpuprompt._int8 import row_slices, session
+from gpuprompt._int8 import SlicedSession, row_slices
 from gpuprompt.errors import ModelLoadError
 
 __all__ = ["GUARD_BATCH", "RECIPE", "Int8Forward", "calibration_batches", "calibration_texts", "export_onnx"]
@@ -57,7 +55,7 @@ _INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 
 
 # ---------------------------------------------------------------------------------------- runtime
-class Int8Forward:
+class Int8Forward(SlicedSession):
     """The int8 forward pass: the ONNX transformer, then the SentenceTransformer's own later modules.
 
     A batch is split into ``threads`` slices of about equal token count, each run by a one-thread
@@ -75,27 +73,19 @@ class Int8Forward:
     """
 
     def __init__(self, path: Path, model: Any, *, threads: int | None = None) -> None:
-        import torch
-
-        self._threads = max(1, threads or torch.get_num_threads())
-        self._session = session(path, threads=1)
-        self._inputs = [i.name for i in self._session.get_inputs()]
+        super().__init__(path, threads=threads, name="gpuprompt-int8")
         self._tail = list(model)[1:]
         tokenizer = getattr(model, "tokenizer", None)
         self._right_padded = getattr(tokenizer, "padding_side", "right") == "right"
-        self._pool: ThreadPoolExecutor | None = None
-        self._pool_lock = threading.Lock()
-        self.path = path
 
     def __call__(self, features: dict[str, Any]) -> Any:
         """``features`` from ``SentenceTransformer.preprocess`` -> ``(batch, dim)`` sentence embeddings."""
         import torch
 
         slices = self._slices(features["attention_mask"])
+        hidden = self.map_slices(lambda part: self._run(features, part), slices)
         if len(slices) == 1:
-            return self._tail_of(features, self._run(features, slices[0]))
-        pool = self._executor()
-        hidden = list(pool.map(lambda part: self._run(features, part), slices))
+            return self._tail_of(features, hidden[0])
         return torch.cat([self._tail_of(features, h, part) for h, part in zip(hidden, slices)])
 
     def _slices(self, mask: Any) -> list[tuple[int, int, int]]:
@@ -124,21 +114,6 @@ class Int8Forward:
         for module in self._tail:
             features = module(features)
         return features["sentence_embedding"]
-
-    def _executor(self) -> ThreadPoolExecutor:
-        # Long-lived threads that only call onnxruntime (no torch op, so no OpenMP team of their own).
-        with self._pool_lock:
-            if self._pool is None:
-                self._pool = ThreadPoolExecutor(self._threads, thread_name_prefix="gpuprompt-int8")
-            return self._pool
-
-    def close(self) -> None:
-        """Release the session and the slice threads."""
-        with self._pool_lock:
-            pool, self._pool = self._pool, None
-        if pool is not None:
-            pool.shutdown(wait=False)
-        self._session = None  # type: ignore[assignment]
 
 
 def export_onnx(model: Any, path: Path) -> None:

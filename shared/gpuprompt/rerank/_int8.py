@@ -22,10 +22,8 @@ import dataclasses
 import json
 import logging
 import random
-import threading
 import warnings
 from collections.abc import Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -35,13 +33,13 @@ import numpy as np
 from gpuprompt._corpus import prose_paragraphs
 from gpuprompt._int8 import (
     COMPLETE_MARK,
+    SlicedSession,
     build_once,
     channel_maxima,
     fingerprint,
     onnxruntime,
     quantize_onnx,
     row_slices,
-    session,
 )
 from gpuprompt.errors import ModelLoadError, QualityError
 
@@ -113,7 +111,7 @@ def guard_error(report: RankingReport, thresholds: Any, model_id: str) -> Qualit
 
 
 # ---------------------------------------------------------------------------------------- runtime
-class Int8Scorer:
+class Int8Scorer(SlicedSession):
     """The int8 forward pass: padded features in, logits out, a batch run as one-thread slices.
 
     Args:
@@ -122,14 +120,7 @@ class Int8Scorer:
     """
 
     def __init__(self, path: Path, *, threads: int | None = None) -> None:
-        import torch
-
-        self._threads = max(1, threads or torch.get_num_threads())
-        self._session = session(path, threads=1)
-        self._inputs = [i.name for i in self._session.get_inputs()]
-        self._pool: ThreadPoolExecutor | None = None
-        self._pool_lock = threading.Lock()
-        self.path = path
+        super().__init__(path, threads=threads, name="gpuprompt-rerank-int8")
 
     def __call__(self, features: dict[str, Any]) -> Any:
         """``features`` (right-padded tensors) -> a ``(batch, labels)`` float32 tensor of logits."""
@@ -138,29 +129,13 @@ class Int8Scorer:
         arrays = {name: np.asarray(value) for name, value in features.items()}
         mask = arrays["attention_mask"]
         slices = row_slices(mask.sum(axis=1).tolist(), self._threads, width=int(mask.shape[1]))
-        if len(slices) == 1:
-            return torch.from_numpy(self._run(arrays, slices[0]))
-        parts = list(self._executor().map(lambda part: self._run(arrays, part), slices))
-        return torch.from_numpy(np.concatenate(parts))
+        parts = self.map_slices(lambda part: self._run(arrays, part), slices)
+        return torch.from_numpy(parts[0] if len(parts) == 1 else np.concatenate(parts))
 
     def _run(self, arrays: dict[str, np.ndarray], part: tuple[int, int, int]) -> np.ndarray:
         start, stop, length = part
         feed = {name: arrays[name][start:stop, :length].astype(np.int64) for name in self._inputs}
         return self._session.run(["logits"], feed)[0]
-
-    def _executor(self) -> ThreadPoolExecutor:
-        with self._pool_lock:
-            if self._pool is None:
-                self._pool = ThreadPoolExecutor(self._threads, thread_name_prefix="gpuprompt-rerank-int8")
-            return self._pool
-
-    def close(self) -> None:
-        """Release the session and the slice threads."""
-        with self._pool_lock:
-            pool, self._pool = self._pool, None
-        if pool is not None:
-            pool.shutdown(wait=False)
-        self._session = None  # type: ignore[assignment]
 
 
 # ---------------------------------------------------------------------------------------- export

@@ -1,6 +1,7 @@
-"""The rerank routes, in the shape vLLM, infinity and text-embeddings-inference serve:
-``POST /v1/rerank`` (also ``/rerank`` and ``/v2/rerank``, Cohere / Jina style) and vLLM's
-``POST /score`` (``/v1/score``). Pairs of every concurrent request share the reranker's batches.
+"""The rerank routes: ``POST /v1/rerank`` (also ``/v2/rerank``) in the Cohere / Jina shape vLLM and
+infinity serve; ``POST /rerank`` in that shape or in text-embeddings-inference's (a body with
+``texts`` gets TEI's list of ``{index, score}``); vLLM's ``POST /score`` (``/v1/score``). Pairs of
+every concurrent request share the reranker's batches.
 
 Served only with ``gpuprompt serve --rerank-model NAME``; without it these routes answer 404
 naming the flag.
@@ -11,9 +12,12 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
+from typing import Any
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Body
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
+from pydantic import ValidationError
 
 from gpuprompt.server._http import json_response
 from gpuprompt.server.errors import ApiError
@@ -26,6 +30,8 @@ from gpuprompt.server.schemas.rerank import (
     ScoreData,
     ScoreRequest,
     ScoreResponse,
+    TeiRank,
+    TeiRerankRequest,
 )
 from gpuprompt.server.state import ServerState, State
 
@@ -56,17 +62,21 @@ async def _usage(reranker: object, pairs: list[tuple[str, str]]) -> RerankUsage:
     return RerankUsage(total_tokens=tokens, prompt_tokens=tokens)
 
 
+async def _ranked(server: ServerState, reranker: Any, query: str, documents: list[str], top_n: int | None) -> list:
+    started = time.perf_counter()
+    hits = await reranker.arerank(query, documents, top_n=top_n)
+    server.metrics.rerank_latency.observe(time.perf_counter() - started)
+    server.metrics.rerank_documents.observe(len(documents))
+    return hits
+
+
 @router.post("/v1/rerank", response_model=RerankResponse, tags=["rerank"])
-@router.post("/rerank", response_model=RerankResponse, tags=["rerank"], include_in_schema=False)
 @router.post("/v2/rerank", response_model=RerankResponse, tags=["rerank"], include_in_schema=False)
 async def rerank(server: State, body: RerankRequest) -> Response:
     """Rank the documents by relevance to the query, best first (``top_n`` keeps the best)."""
     reranker = _reranker(server, body.model)
     documents = body.texts()
-    started = time.perf_counter()
-    hits = await reranker.arerank(body.query, documents, top_n=body.top_n)
-    server.metrics.rerank_latency.observe(time.perf_counter() - started)
-    server.metrics.rerank_documents.observe(len(documents))
+    hits = await _ranked(server, reranker, body.query, documents, body.top_n)
     results = [
         RerankResult(index=hit.index, relevance_score=hit.score,
                      document=RerankDocument(text=hit.document) if body.return_documents else None)
@@ -75,6 +85,28 @@ async def rerank(server: State, body: RerankRequest) -> Response:
     usage = await _usage(reranker, [(body.query, d) for d in documents])
     return json_response(RerankResponse(id=f"rerank-{uuid.uuid4().hex}", model=reranker.model_id, results=results,
                                         usage=usage))
+
+
+@router.post("/rerank", include_in_schema=False)
+async def rerank_any(server: State, payload: dict[str, Any] = Body(...)) -> Response:  # noqa: B008 - FastAPI's way
+    """``/v1/rerank``'s request and answer, or text-embeddings-inference's when the body has ``texts``."""
+    tei = "texts" in payload and "documents" not in payload
+    try:
+        body = TeiRerankRequest.model_validate(payload) if tei else RerankRequest.model_validate(payload)
+    except ValidationError as exc:
+        raise RequestValidationError([{**e, "loc": ("body", *e["loc"])}
+                                      for e in exc.errors(include_url=False)]) from None
+    if isinstance(body, RerankRequest):
+        return await rerank(server, body)
+    reranker = _reranker(server, None)
+    if body.raw_scores and reranker.activation != "identity":
+        raise ApiError(400, f"raw_scores=true asks for logits before the model's activation, and this server's "
+                            f"reranker returns {reranker.activation}-activated scores only; send raw_scores=false.",
+                       param="raw_scores", code="unsupported_value")
+    hits = await _ranked(server, reranker, body.query, body.texts, None)
+    ranks = [TeiRank(index=h.index, score=h.score, text=h.document if body.return_text else None) for h in hits]
+    return Response(f"[{','.join(r.model_dump_json(exclude_none=True) for r in ranks)}]",
+                    media_type="application/json")
 
 
 @router.post("/score", response_model=ScoreResponse, tags=["rerank"])

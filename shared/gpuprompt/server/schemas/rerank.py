@@ -1,5 +1,6 @@
-"""Pydantic models of the rerank routes, in the shape vLLM, infinity and text-embeddings-inference
-serve (Cohere / Jina): ``POST /v1/rerank`` (``/rerank``, ``/v2/rerank``) and vLLM's ``POST /score``."""
+"""Pydantic models of the rerank routes: ``POST /v1/rerank`` (``/rerank``, ``/v2/rerank``) in the
+Cohere / Jina shape vLLM and infinity serve, text-embeddings-inference's ``POST /rerank`` shape
+(``texts`` in, a list of ``{index, score}`` out), and vLLM's ``POST /score``."""
 
 from __future__ import annotations
 
@@ -19,6 +20,8 @@ __all__ = [
     "ScoreData",
     "ScoreRequest",
     "ScoreResponse",
+    "TeiRank",
+    "TeiRerankRequest",
 ]
 
 TopN = _int(1, MAX_RERANK_DOCUMENTS)
@@ -56,6 +59,39 @@ class RerankRequest(_OpenAIRequest):
     def texts(self) -> list[str]:
         """The documents as plain texts."""
         return [d.text if isinstance(d, DocumentObject) else d for d in self.documents]
+
+
+class TeiRerankRequest(_OpenAIRequest):
+    """``POST /rerank`` as text-embeddings-inference takes it: rank ``texts`` by relevance to ``query``."""
+
+    query: Text
+    """The query."""
+    texts: list[Text] = Field(max_length=MAX_RERANK_DOCUMENTS)
+    """The texts to rank (none gives an empty list)."""
+    return_text: StrictBool = False
+    """Echo each text in its result."""
+    raw_scores: StrictBool = False
+    """TEI: the logits before the model's activation. Served only where the model has none."""
+    truncate: StrictBool = False
+    """TEI: cut pairs longer than the model's window instead of refusing them. Pairs are always cut
+    to the window here (as ``CrossEncoder`` does), so both values are accepted."""
+    truncation_direction: Literal["Right", "right"] = "Right"
+    """Where a long pair is cut: at its end (the only direction served)."""
+
+    @field_validator("texts", mode="before")
+    @classmethod
+    def _not_a_string(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            raise ValueError("must be a list of texts, not a bare string; wrap it in a list")
+        return value
+
+
+class TeiRank(BaseModel):
+    """One ranked text in text-embeddings-inference's answer (the answer is a list of these)."""
+
+    index: int
+    score: float
+    text: str | None = None
 
 
 class RerankDocument(BaseModel):
