@@ -254,11 +254,18 @@ def get_runtime() -> Runtime:
         return _default
 
 
-def _shutdown_default() -> None:
+def _shutdown_default(keep: Runtime | None = None) -> None:
+    """Shut the default runtime down, unless it is ``keep`` (one its caller did not create)."""
     with _default_lock:
         runtime = _default
-    if runtime is not None:
+    if runtime is not None and runtime is not keep:
         runtime.shutdown()
+
+
+def _live_default() -> Runtime | None:
+    """The default runtime if one is running now (None before the first :func:`get_runtime`)."""
+    with _default_lock:
+        return _default if _default is not None and not _default._closed else None
 
 
 def connect(

@@ -387,6 +387,7 @@ def test_vllm_server_tool_call_and_structured_output(vllm_remote: LLMEngine) -> 
 def test_vllm_server_request_is_aborted_when_the_stream_closes(vllm_remote: LLMEngine, vllm_server: str) -> None:
     stream = vllm_remote.stream(GenerationRequest(messages=ASK, max_tokens=1500))
     assert next(stream).finish_reason is None
-    assert _running(vllm_server) >= 1
+    # vLLM's gauges are refreshed by its stats loop, a moment after the first token
+    assert wait_until(lambda: _running(vllm_server) >= 1, 10), "vLLM never reported the request running"
     stream.close()
     assert wait_until(lambda: _running(vllm_server) == 0, 20), "vLLM kept the request after the stream closed"

@@ -13,6 +13,7 @@ EXPECTED_ALL = [
     "GPUPromptChatMessageHistory",
     "GPUPromptEmbeddings",
     "GPUPromptReranker",
+    "GPUPromptRetriever",
     "GPUPromptSemanticCache",
     "GPUPromptStore",
     "GPUPromptVectorStore",

@@ -65,14 +65,17 @@ def _resolve(name: str) -> str | None:
 
 
 def _top_level_names(package: str) -> set[str]:
-    """Names a package's ``__init__`` defines or exports (``from gpuprompt import connect``)."""
+    """Names a module (a package's ``__init__``) defines or exports (``from gpuprompt import connect``),
+    its lazy export tables included."""
     tree = ast.parse(MODULES[package].read_text())
     names: set[str] = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Dict):
             names.update(k.value for k in node.keys if isinstance(k, ast.Constant) and isinstance(k.value, str))
-        elif isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
             names.add(node.name)
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            names.add(node.target.id)
         elif isinstance(node, ast.ImportFrom):
             names.update(a.asname or a.name for a in node.names)
         elif isinstance(node, ast.Assign):
@@ -232,6 +235,22 @@ def test_adapters_import_only_public_core_modules(adapter: str) -> None:
 def test_the_server_imports_nothing_of_remote_mode() -> None:
     assert sorted(f"{m} -> {t}" for m, ts in GRAPH.items() if m.startswith("gpuprompt.server")
                   for t in ts if t.startswith("gpuprompt.remote")) == []
+
+
+def test_every_first_party_from_import_names_something_that_exists() -> None:
+    """``from gpuprompt.x import name`` anywhere (inside functions too, where nothing runs it until a
+    request does) names a name ``gpuprompt.x`` defines or exports, or a submodule of it."""
+    missing = []
+    for module, path in MODULES.items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.ImportFrom) or node.level or node.module not in MODULES:
+                continue
+            defined = _top_level_names(node.module)
+            missing.extend(f"{module}:{node.lineno} imports {alias.name} from {node.module}, which has none"
+                           for alias in node.names
+                           if alias.name != "*" and alias.name not in defined
+                           and f"{node.module}.{alias.name}" not in MODULES)
+    assert missing == []
 
 
 def test_no_source_file_is_over_650_lines() -> None:

@@ -188,14 +188,16 @@ def main(argv: list[str] | None = None) -> int:
 
         warnings.filterwarnings("ignore")
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    from gpuprompt.runtime import _live_default, _shutdown_default
+
+    host = _live_default()  # a runtime the calling process made before (main() called in process)
     try:
         return int(args.func(args) or 0)
     finally:
-        # Close the shared models now, before interpreter exit: other libraries' exit hooks (vLLM's
-        # among them) would otherwise tear the engine down under it first.
-        from gpuprompt.runtime import _shutdown_default
-
-        _shutdown_default()
+        # Close the shared models this command loaded now, before interpreter exit: other libraries'
+        # exit hooks (vLLM's among them) would otherwise tear the engine down under it first. A
+        # runtime the caller already had is the caller's to close.
+        _shutdown_default(keep=host)
 
 
 if __name__ == "__main__":

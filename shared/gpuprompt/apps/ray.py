@@ -82,7 +82,7 @@ class RemoteLLM:
 
         from gpuprompt.errors import EngineError, InvalidInputError
         from gpuprompt.llm import GenerationResult, Timings, Usage
-        from gpuprompt.remote import error_from_status
+        from gpuprompt.wire import error_from_status
 
         if request.messages is None:
             raise InvalidInputError("RemoteLLM sends chat messages only; pass 'messages', not 'prompt'.")
