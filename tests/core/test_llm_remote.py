@@ -21,7 +21,7 @@ from typing import Any, ClassVar
 
 import httpx
 import pytest
-from support.live import free_port, start_server, vllm_api_server, wait_until
+from support.live import free_port, start_server, wait_until
 
 from gpuprompt.errors import ConfigurationError, EngineError, InvalidInputError, QueueFullError
 from gpuprompt.llm import GenerationRequest, LLMEngine
@@ -196,7 +196,7 @@ class _Recorder(BaseHTTPRequestHandler):
         type(self).seen.append({"headers": dict(self.headers), "body": body})
         if self.status != 200:
             error = {"error": {"message": "too busy", "type": "rate_limit_error", "code": "queue_full"}}
-            self._reply(self.status, json.dumps(error).encode(), {"Retry-After": "7",
+            self._reply(self.status, json.dumps(error).encode(), {"Retry-After": self.retry_after,
                                                                   "Content-Type": "application/json"})
             return
         events = [{"choices": [{"index": 0, "text": piece, "finish_reason": None}]} for piece in ("hello", " world")]
@@ -212,7 +212,7 @@ class _Recorder(BaseHTTPRequestHandler):
 
 @pytest.fixture()
 def recorder() -> Iterator[tuple[str, type[_Recorder]]]:
-    handler = type("Recorder", (_Recorder,), {"seen": [], "status": 200, "cut_short": False})
+    handler = type("Recorder", (_Recorder,), {"seen": [], "status": 200, "cut_short": False, "retry_after": "7"})
     server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
@@ -245,9 +245,13 @@ def test_a_429_becomes_queue_full_with_retry_after(recorder) -> None:
         with pytest.raises(QueueFullError, match="too busy") as info:
             engine.generate([GenerationRequest(messages=ASK, max_tokens=4)])
         assert info.value.retry_after == 7.0
-        # The engine's CallPolicy retries back-pressure when asked to: 1 + 2 attempts.
+        # The engine's CallPolicy retries back-pressure when asked to: 1 + 2 attempts, each after
+        # the server's Retry-After.
+        handler.retry_after = "0.5"
+        started = time.monotonic()
         with pytest.raises(QueueFullError):
             engine.generate([GenerationRequest(messages=ASK, max_tokens=4)], max_retries=2)
+        assert time.monotonic() - started >= 1.0
     assert len(handler.seen) == 4
 
 
@@ -321,18 +325,12 @@ def test_remote_config_and_session_id_validation(monkeypatch) -> None:
 
 # ---------------------------------------------------------------------- a real vLLM server
 @pytest.fixture(scope="module")
-def vllm_server(tmp_path_factory) -> Iterator[str]:
-    """One vLLM OpenAI server for the bundled SmolLM2 (~40 s to start on 2 cores), stopped after."""
-    if not HAS_VLLM:
-        pytest.skip("vLLM is not installed")
-    from gpuprompt.models import resolve_chat_model
-
-    log = tmp_path_factory.mktemp("vllm") / "server.log"
-    with vllm_api_server(resolve_chat_model(None), log, "--max-model-len", "2048", "--dtype", "bfloat16",
-                         "--scheduling-policy", "priority", "--max-num-seqs", "4", "--enable-prompt-tokens-details",
-                         "--structured-outputs-config",
-                         '{"backend": "xgrammar", "disable_any_whitespace": true}') as url:
-        yield url
+def vllm_server(vllm_pair) -> str:
+    """A vLLM OpenAI server for the bundled SmolLM2: one of the session's pair that is alive."""
+    alive = [server for server in vllm_pair if server.alive() and server.answers()]
+    if not alive:
+        pytest.fail("neither vLLM server of the session is alive")
+    return alive[0].url
 
 
 @pytest.fixture(scope="module")

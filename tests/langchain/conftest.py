@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 
 import pytest
+from support.engines import LC_VLLM
 
 
 @pytest.fixture(scope="session")
@@ -38,6 +39,6 @@ def lc_chat_vllm():
         pytest.skip("vLLM is not installed")
     from langchain_gpuprompt import ChatGPUPrompt
 
-    chat = ChatGPUPrompt(backend="vllm", max_tokens=48)
+    chat = ChatGPUPrompt(**LC_VLLM, max_tokens=48)  # the session's one vLLM engine
     _ = chat.engine
     return chat

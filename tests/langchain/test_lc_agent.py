@@ -104,7 +104,7 @@ class ModelInputs(BaseCallbackHandler):
 @pytest.fixture(params=["transformers", pytest.param("vllm", marks=pytest.mark.vllm)])
 def agent_model(request: pytest.FixtureRequest) -> ChatGPUPrompt:
     base = request.getfixturevalue("lc_chat" if request.param == "transformers" else "lc_chat_vllm")
-    return ChatGPUPrompt(backend=base.backend, max_tokens=96)  # the session's engine, more room for JSON
+    return base.model_copy(update={"max_tokens": 96})  # the session's engine, more room for JSON
 
 
 QUESTION = "Where is my order 42 and when will it arrive? Check the order, then the shipping time."

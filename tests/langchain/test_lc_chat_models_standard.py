@@ -20,6 +20,7 @@ from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import AIMessage, HumanMessage, SystemMessage
 from langchain_tests.integration_tests import ChatModelIntegrationTests
 from langchain_tests.unit_tests import ChatModelUnitTests
+from support.engines import LC_VLLM
 
 from langchain_gpuprompt import ChatGPUPrompt
 
@@ -54,6 +55,15 @@ class _Integration(ChatModelIntegrationTests):
     """The suite's settings shared by both backends."""
 
     backend = "transformers"
+    run_model_limited = True
+    """Run the tests marked xfail for SmolLM2-135M's own limits (rambling inside free-text fields)."""
+
+    def model_limited(self) -> None:
+        """Skip a test marked xfail for the model's limits where ``run_model_limited`` is off."""
+        if not self.run_model_limited:
+            pytest.skip("fails or passes on SmolLM2-135M's reading, not on the backend: run on vLLM in process and "
+                        "remote; the transformers backend's guided paths are checked by tests/langchain/"
+                        "test_lc_chat_models.py and tests/core/test_llm_tools.py")
 
     @property
     def chat_model_class(self) -> type[ChatGPUPrompt]:
@@ -62,7 +72,7 @@ class _Integration(ChatModelIntegrationTests):
     @property
     def chat_model_params(self) -> dict[str, Any]:
         # Guided JSON (a tool call, a joke with two fields) needs more room than a plain reply.
-        return {"backend": self.backend, "max_tokens": 96}
+        return {**(LC_VLLM if self.backend == "vllm" else {"backend": self.backend}), "max_tokens": 96}
 
     @property
     def has_tool_calling(self) -> bool:
@@ -86,6 +96,7 @@ class _Integration(ChatModelIntegrationTests):
         "keys in the grammar, passes (test_structured_output*, the default method 'json_schema')."
     )
     def test_json_mode(self, model: BaseChatModel) -> None:
+        self.model_limited()
         super().test_json_mode(model)
 
     # The xfails below are SmolLM2-135M's own quality, seen on the transformers backend (observed
@@ -97,35 +108,42 @@ class _Integration(ChatModelIntegrationTests):
     @pytest.mark.xfail(strict=False, reason="SmolLM2-135M makes a well-formed forced call of magic_function but "
                        "reads the question's 3 as another number (seen: {'input': 100}); the test asserts input == 3.")
     def test_tool_calling(self, model: BaseChatModel) -> None:
+        self.model_limited()
         super().test_tool_calling(model)
 
     @pytest.mark.xfail(strict=False, reason="As test_tool_calling: a well-formed call whose 'input' is not the 3 "
                        "asked for (the model's reading).")
     async def test_tool_calling_async(self, model: BaseChatModel) -> None:
+        self.model_limited()
         await super().test_tool_calling_async(model)
 
     @pytest.mark.xfail(strict=False, reason="SmolLM2-135M repeats the no-argument call inside the parallel-calls "
                        "list (seen: 5 identical calls); the test expects exactly one.")
     def test_tool_calling_with_no_arguments(self, model: BaseChatModel) -> None:
+        self.model_limited()
         super().test_tool_calling_with_no_arguments(model)
 
     @pytest.mark.xfail(strict=False, reason="SmolLM2-135M rambles inside the free-text 'answer_style' argument until "
                        "max_tokens, so the forced call is cut off and no call is returned.")
     def test_bind_runnables_as_tools(self, model: BaseChatModel) -> None:
+        self.model_limited()
         super().test_bind_runnables_as_tools(model)
 
     @pytest.mark.parametrize("schema_type", ["pydantic", "typeddict", "json_schema"])
     @pytest.mark.xfail(strict=False, reason=_JOKE)  # the suite wants the mark on the method: the other two XPASS
     def test_structured_output(self, model: BaseChatModel, schema_type: str) -> None:
+        self.model_limited()
         super().test_structured_output(model, schema_type)
 
     @pytest.mark.parametrize("schema_type", ["pydantic", "typeddict", "json_schema"])
     @pytest.mark.xfail(strict=False, reason=_JOKE)  # the suite wants the mark on the method: the other two XPASS
     async def test_structured_output_async(self, model: BaseChatModel, schema_type: str) -> None:
+        self.model_limited()
         await super().test_structured_output_async(model, schema_type)
 
     @pytest.mark.xfail(strict=False, reason=_JOKE)
     def test_structured_output_pydantic_2_v1(self, model: BaseChatModel) -> None:
+        self.model_limited()
         super().test_structured_output_pydantic_2_v1(model)
 
     @pytest.mark.parametrize("model", [{}, {"output_version": "v1"}], indirect=True)
@@ -133,19 +151,24 @@ class _Integration(ChatModelIntegrationTests):
                        "answers in prose instead of calling it (the core constrains 'auto' to prose or a well-formed "
                        "call, so the reply is valid, just not a call). Forced calls pass (test_tool_choice).")
     def test_agent_loop(self, model: BaseChatModel) -> None:
+        self.model_limited()
         super().test_agent_loop(model)
 
     @pytest.mark.xfail(strict=False, reason="SmolLM2-135M repeats itself inside the free-text 'description' argument "
                        "until max_tokens, so the guided call is cut off; the Unicode customer_name itself comes "
                        "through unescaped (seen: '你好啊集团').")
     def test_unicode_tool_call_integration(self, model: BaseChatModel, **kwargs: Any) -> None:
+        self.model_limited()
         super().test_unicode_tool_call_integration(model, **kwargs)
 
 
 class TestChatGPUPromptIntegration(_Integration):
-    """The transformers backend (grammar-constrained decoding for tools and structured output)."""
+    """The transformers backend (grammar-constrained decoding for tools and structured output). The
+    tests the 135M model passes or fails by its own reading (the xfails) run on vLLM only: on this
+    backend they decode up to 96 grammar-constrained tokens each, 2 of the suite's 3 minutes here."""
 
     backend = "transformers"
+    run_model_limited = False
 
 
 @pytest.mark.vllm
@@ -161,7 +184,7 @@ class TestChatGPUPromptVLLMIntegration(_Integration):
 
     def invoke_with_cache_read_input(self, *, stream: bool = False) -> AIMessage:
         """The same long system prompt twice: the second request reads it from the prefix cache."""
-        model = ChatGPUPrompt(backend="vllm", max_tokens=4)
+        model = ChatGPUPrompt(**LC_VLLM, max_tokens=4)
         messages = [SystemMessage("You are the support assistant of a clothing shop. " * 20), HumanMessage("Hi!")]
         model.invoke(messages)
         if not stream:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib.util
 
 import pytest
+from support.engines import LI_VLLM
 
 HAS_VLLM = importlib.util.find_spec("vllm") is not None
 
@@ -40,7 +41,7 @@ def li_vllm():
         pytest.skip("needs vLLM (pip install 'gpuprompt[cpu]' or 'gpuprompt[vllm]')")
     from llamaindex_gpuprompt import GPUPromptLLM
 
-    llm = GPUPromptLLM(backend="vllm", max_tokens=48)
+    llm = GPUPromptLLM(**LI_VLLM, max_tokens=48)  # the session's one vLLM engine
     llm.engine.load()
     return llm
 

@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 from langchain_tests.unit_tests import ChatModelUnitTests
+from support.engines import LC_VLLM
 
 from langchain_gpuprompt import ChatGPUPrompt
 
@@ -42,7 +43,7 @@ def standard_live(embedder, live: Any) -> Any:
         return
     from support.live import start_server
 
-    engine = ChatGPUPrompt(backend="vllm").engine
+    engine = ChatGPUPrompt(**LC_VLLM).engine
     server = start_server(embedder=embedder, llm=engine)
     yield server
     server.stop()
