@@ -183,7 +183,7 @@ def generated(tmp_path_factory: pytest.TempPathFactory):
 
 
 @pytest.mark.timeout(300)
-@H.fast(40)
+@H.fast(20)  # each example rewrites a Milvus Lite collection (~1 s); tests/property runs the generator at length
 @given(records=st.lists(H.metadata_records, min_size=1, max_size=16), data=st.data(), seed=st.integers(0, 2**16))
 def test_generated_filters_select_the_reference_matches(generated: MilvusIndex, records, data, seed: int) -> None:
     """tests/property's filter generator: ids and search agree with the reference evaluator."""
