@@ -14,9 +14,10 @@ import json
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from gpuprompt.answer_cache import DEFAULT_MAX_ENTRIES, DEFAULT_TTL_SECONDS, AnswerCache
+from gpuprompt.answer_cache import DEFAULT_MAX_ENTRIES, DEFAULT_TTL_SECONDS
 from gpuprompt.device import check_device
 from gpuprompt.errors import EngineError, InputTypeError, describe
+from gpuprompt.protocols import AnswerCacheLike
 from gpuprompt.runtime import connect
 from gpuprompt.validation import check_str, fail
 from langchain_core.caches import RETURN_VAL_TYPE, BaseCache
@@ -29,8 +30,6 @@ from langchain_gpuprompt._embeddings import GPUPromptEmbeddings
 if TYPE_CHECKING:
     import torch
     from pydantic import SecretStr
-
-    from gpuprompt.remote import RemoteAnswerCache
 
 __all__ = ["GPUPromptSemanticCache"]
 
@@ -104,83 +103,69 @@ class GPUPromptSemanticCache(BaseCache):
         api_key: str | SecretStr | None = None,
         timeout: float | None = None,
     ) -> None:
-        self._remote: RemoteAnswerCache | None = None
-        self._timeout = timeout
-        if embedding is None or base_url is not None or api_key is not None:  # a given embedding means in process
-            runtime = connect(
-                base_url,
-                api_key=api_key,
-                timeout=timeout,
-                owner="GPUPromptSemanticCache",
-                local_options={
-                    "embedding": (embedding, None),
-                    "max_entries": (max_entries, DEFAULT_MAX_ENTRIES),
-                    "ttl_seconds": (ttl_seconds, DEFAULT_TTL_SECONDS),
-                    "device": (device, "auto"),
-                },
-            )
-            if runtime.remote:
-                self._remote = runtime.answer_cache(score_threshold=score_threshold)
-                self._embedding = None  # the server's, built on demand by `embeddings`
-                return
-        check_device(device)
         if embedding is not None and not isinstance(embedding, Embeddings):
             raise fail(
                 "embedding", "a LangChain Embeddings (e.g. GPUPromptEmbeddings()) or None", embedding,
                 error=InputTypeError,
             )
+        check_device(device)
+        # A given embedding keeps the cache in process (GPUPROMPT_URL alone does not move it).
+        implicit_env = embedding is None or base_url is not None or api_key is not None
+        runtime = connect(
+            base_url,
+            api_key=api_key,
+            timeout=timeout,
+            owner="GPUPromptSemanticCache",
+            local_options={
+                "embedding": (embedding, None),
+                "max_entries": (max_entries, DEFAULT_MAX_ENTRIES),
+                "ttl_seconds": (ttl_seconds, DEFAULT_TTL_SECONDS),
+                "device": (device, "auto"),
+            },
+            environ=None if implicit_env else {},
+        )
         self._embedding = embedding
-        if embedding is None:
-            embedder: Any = connect().embedder()  # the process's shared embedder (not loaded yet)
-        elif isinstance(embedding, GPUPromptEmbeddings):
-            embedder = embedding.embedder  # the runtime's shared one for its settings (not loaded yet)
-        else:
-            embedder = _EmbeddingsOnDevice(embedding, device)
-        self._answers: AnswerCache[tuple[Generation, ...]] = AnswerCache(
-            embedder, score_threshold=score_threshold, max_entries=max_entries, ttl_seconds=ttl_seconds
+        self._connect_args = {"base_url": base_url, "api_key": api_key, "timeout": timeout}
+        # In process the options size this cache and its embedder is the given one's; a server's
+        # cache is sized by the server (connect() refused those options above).
+        options = {} if runtime.remote else {"max_entries": max_entries, "ttl_seconds": ttl_seconds}
+        # Entries are stored as JSON in both modes (one code path, and a caller's later change to
+        # its generations can never change the cache).
+        self._answers: AnswerCacheLike = runtime.answer_cache(
+            _core_embedder(embedding, device), score_threshold=score_threshold, **options
         )
 
     def __repr__(self) -> str:
-        if self._remote is not None:
-            return (f"<GPUPromptSemanticCache base_url={self._remote.client.config.shown_url!r} "
-                    f"score_threshold={self.score_threshold}>")
-        return (
-            f"<GPUPromptSemanticCache entries={len(self._answers)} score_threshold={self.score_threshold} "
-            f"max_entries={self.max_entries}>"
-        )
+        return f"<GPUPromptSemanticCache over {self._answers!r}>"
 
     @property
     def score_threshold(self) -> float:
         """The least cosine similarity that counts as the same prompt."""
-        return self.answer_cache.score_threshold  # type: ignore[return-value]
+        return self._answers.score_threshold  # type: ignore[return-value]
 
     @property
     def max_entries(self) -> int:
         """Most answers kept (in remote mode the server's bound, asked once)."""
-        return self.answer_cache.max_entries  # type: ignore[return-value]
+        return self._answers.max_entries  # type: ignore[return-value]
 
     @property
     def ttl_seconds(self) -> float | None:
         """An answer's lifetime in seconds (None: no expiry; in remote mode the server's, asked once)."""
-        return self.answer_cache.ttl_seconds
+        return self._answers.ttl_seconds
 
     @property
     def embeddings(self) -> Embeddings:
         """The embeddings used for prompts (in remote mode, the server's)."""
         if self._embedding is None:
-            if self._remote is not None:
-                config = self._remote.client.config
-                self._embedding = GPUPromptEmbeddings(base_url=config.base_url, api_key=config.api_key,
-                                                      timeout=self._timeout)
-            else:
-                self._embedding = GPUPromptEmbeddings()
+            self._embedding = GPUPromptEmbeddings(**self._connect_args)
         return self._embedding
 
     @property
-    def answer_cache(self) -> AnswerCache[tuple[Generation, ...]] | RemoteAnswerCache:
-        """The core cache holding the answers (its ``stats()`` count hits, misses and evictions);
-        in remote mode a :class:`gpuprompt.remote.RemoteAnswerCache` of the server's."""
-        return self._remote if self._remote is not None else self._answers
+    def answer_cache(self) -> AnswerCacheLike:
+        """The core cache holding the answers (its ``stats()`` count hits, misses and evictions): an
+        :class:`~gpuprompt.AnswerCache` in process, a :class:`gpuprompt.remote.RemoteAnswerCache` of
+        the server's in remote mode. Entries are the generations as JSON (:func:`_to_json`)."""
+        return self._answers
 
     # ------------------------------------------------------------------ sync
     def lookup(self, prompt: str, llm_string: str) -> RETURN_VAL_TYPE | None:
@@ -191,10 +176,7 @@ class GPUPromptSemanticCache(BaseCache):
             InvalidInputError: ``prompt`` or ``llm_string`` holds a lone surrogate.
         """
         text = _search_text(prompt, llm_string)
-        if self._remote is not None:
-            return _from_json(self._remote.lookup(prompt, llm_string, text=text))
-        found = self._answers.lookup(prompt, llm_string, text=text)
-        return list(found) if found is not None else None
+        return _from_json(self._answers.lookup(prompt, llm_string, text=text))
 
     def update(self, prompt: str, llm_string: str, return_val: RETURN_VAL_TYPE) -> None:
         """Cache ``return_val`` for ``prompt`` under ``llm_string`` (replacing an older entry).
@@ -206,10 +188,7 @@ class GPUPromptSemanticCache(BaseCache):
                 cached changes.
         """
         text = _search_text(prompt, llm_string)
-        if self._remote is not None:
-            self._remote.update(prompt, llm_string, _to_json(_generations(return_val)), text=text)
-            return
-        self._answers.update(prompt, llm_string, _generations(return_val), text=text)
+        self._answers.update(prompt, llm_string, _to_json(_generations(return_val)), text=text)
 
     def clear(self, *, llm_string: str | None = None, **kwargs: Any) -> None:
         """Forget every cached entry, or only those of ``llm_string`` (in remote mode: of the
@@ -218,34 +197,22 @@ class GPUPromptSemanticCache(BaseCache):
         Raises:
             InputTypeError, InvalidInputError: ``llm_string`` is not a well-formed str or None.
         """
-        if self._remote is not None:
-            self._remote.clear(llm_string)
-        else:
-            self._answers.clear(llm_string)
+        self._answers.clear(llm_string)
 
     # ------------------------------------------------------------------ async
     async def alookup(self, prompt: str, llm_string: str) -> RETURN_VAL_TYPE | None:
         """Async :meth:`lookup`: the prompt is embedded by the batched embedder, off the loop."""
         text = _search_text(prompt, llm_string)
-        if self._remote is not None:
-            return _from_json(await self._remote.alookup(prompt, llm_string, text=text))
-        found = await self._answers.alookup(prompt, llm_string, text=text)
-        return list(found) if found is not None else None
+        return _from_json(await self._answers.alookup(prompt, llm_string, text=text))
 
     async def aupdate(self, prompt: str, llm_string: str, return_val: RETURN_VAL_TYPE) -> None:
         """Async :meth:`update`."""
         text = _search_text(prompt, llm_string)
-        if self._remote is not None:
-            await self._remote.aupdate(prompt, llm_string, _to_json(_generations(return_val)), text=text)
-            return
-        await self._answers.aupdate(prompt, llm_string, _generations(return_val), text=text)
+        await self._answers.aupdate(prompt, llm_string, _to_json(_generations(return_val)), text=text)
 
     async def aclear(self, *, llm_string: str | None = None, **kwargs: Any) -> None:
         """Async :meth:`clear`."""
-        if self._remote is not None:
-            await self._remote.aclear(llm_string)
-        else:
-            self.clear(llm_string=llm_string)
+        await self._answers.aclear(llm_string)
 
 
 class _EmbeddingsOnDevice:
@@ -272,6 +239,17 @@ class _EmbeddingsOnDevice:
 
     async def aload(self) -> None:
         return None
+
+
+def _core_embedder(embedding: Embeddings | None, device: str) -> Any:
+    """The core embedder behind ``embedding``: None for the runtime's shared one, a
+    :class:`GPUPromptEmbeddings`' own core embedder (batched; prompt vectors never leave the
+    device), or any other LangChain ``Embeddings`` wrapped to hand vectors to the device."""
+    if embedding is None:
+        return None
+    if isinstance(embedding, GPUPromptEmbeddings):
+        return embedding.embedder
+    return _EmbeddingsOnDevice(embedding, device)
 
 
 def _generations(return_val: Any) -> tuple[Generation, ...]:

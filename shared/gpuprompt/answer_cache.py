@@ -229,6 +229,10 @@ class AnswerCache(Generic[V]):
                 del self._entries[key]
             self._spaces.pop(namespace, None)
 
+    async def aclear(self, namespace: str | None = None) -> None:
+        """Async :meth:`clear` (in memory: it does not wait on anything)."""
+        self.clear(namespace)
+
     def stats(self) -> AnswerCacheStats:
         """A snapshot of the counters."""
         with self._lock:

@@ -161,7 +161,17 @@ class ContextLike(Protocol):
 
 @runtime_checkable
 class AnswerCacheLike(Protocol):
-    """A semantic cache of answers keyed by prompt meaning: ``AnswerCache`` and ``RemoteAnswerCache``."""
+    """A semantic cache of answers keyed by prompt meaning: ``AnswerCache`` and ``RemoteAnswerCache``.
+
+    Attributes:
+        score_threshold: the least cosine similarity that counts as the same prompt.
+        max_entries: most answers kept (a server's cache: the server's bound).
+        ttl_seconds: an answer's lifetime in seconds (None: no expiry).
+    """
+
+    score_threshold: float
+    max_entries: int
+    ttl_seconds: float | None
 
     def lookup(self, prompt: str, namespace: str = "", **options: Any) -> Any: ...
 
@@ -172,6 +182,8 @@ class AnswerCacheLike(Protocol):
     async def aupdate(self, prompt: str, namespace: str, value: Any, **options: Any) -> None: ...
 
     def clear(self, namespace: str | None = None) -> None: ...
+
+    async def aclear(self, namespace: str | None = None) -> None: ...
 
     def stats(self) -> Any: ...
 

@@ -196,7 +196,7 @@ def test_the_server_keeps_one_bounded_cache(live, fresh) -> None:
     cache = GPUPromptSemanticCache(base_url=live.url, score_threshold=0.8)
     assert (cache.max_entries, cache.ttl_seconds) == (MAX_ENTRIES, TTL_SECONDS)
     assert cache.score_threshold == 0.8
-    assert repr(cache) == f"<GPUPromptSemanticCache base_url={live.url!r} score_threshold=0.8>"
+    assert repr(cache) == f"<GPUPromptSemanticCache over <RemoteAnswerCache '{live.url}/v1' score_threshold=0.8>>"
     assert repr(cache.answer_cache).startswith("<RemoteAnswerCache")
     cache.update(ASKED, LLM * 1000, ANSWER)  # a long llm_string is held by its hash
     server_cache = live.app.state.gpuprompt.answers
