@@ -105,11 +105,16 @@ def _percentile(values: Sequence[float], q: float) -> float:
 class MicroBatcher(Generic[T, R]):
     """Groups concurrent single-item requests into batched calls of ``fn``.
 
-    Dispatch policy: when the worker is idle, a new item is dispatched at once (a lone caller pays
-    no wait). While a batch runs, new items queue; when the worker frees up it lets the next batch
-    fill for at most ``max_wait_ms``, so callers just served can resubmit into it; it stops waiting
-    early once as many items are queued as were queued plus just served (so a lone sequential
-    caller never waits), or the batch is full. If nothing arrives in the window it is idle again.
+    Dispatch policy (as infinity and text-embeddings-inference dispatch): the worker never waits
+    while work is queued. When it is idle, a new item is dispatched at once (a lone caller pays no
+    wait); while a batch runs, new items queue, and when the batch ends the worker takes what queued
+    meanwhile as the next batch, at once. The only wait is opt-in: with ``min_batch_size`` > 1, a
+    worker that just finished a batch and finds fewer than that many items queued lets them gather
+    for at most ``max_wait_ms`` (an idle worker still dispatches a lone item at once). Under load
+    the batches therefore size themselves: the longer a batch runs, the more queues behind it.
+    (The earlier policy waited after every batch for the callers just served to come back; in a
+    pipeline of two batchers, such as embed-then-search, those callers were waiting on the other
+    stage, so each stage idled out its window and cohorts split into small batches.)
     A batch holds at most ``max_batch_size`` items and, when ``cost`` is given, at most
     ``max_batch_cost`` total cost (a single item larger than the budget still runs, alone).
     Lower ``priority`` runs first; FIFO within a priority.
@@ -131,7 +136,10 @@ class MicroBatcher(Generic[T, R]):
         max_batch_size: most items per batch.
         max_batch_cost: most total cost per batch (needs ``cost``); None for no budget.
         cost: the cost of one item (for example its token count).
-        max_wait_ms: the longest the worker waits for a batch to fill while under load.
+        max_wait_ms: with ``min_batch_size`` > 1, the longest a worker that just finished a batch
+            waits for ``min_batch_size`` items to queue (it never waits when idle).
+        min_batch_size: the queue a busy worker gathers before dispatching (within ``max_wait_ms``);
+            1, the default, dispatches whatever is queued at once.
         max_queue: most items waiting; a further submit raises ``QueueFullError``.
         isolate_failures: bisect failing batches so one bad item fails alone.
         fatal: exception types that fail the whole batch without bisection.
@@ -146,11 +154,13 @@ class MicroBatcher(Generic[T, R]):
         max_batch_cost: int | None = None,
         cost: Callable[[T], int] | None = None,
         max_wait_ms: float = 2.0,
+        min_batch_size: int = 1,
         max_queue: int = 10_000,
         isolate_failures: bool = True,
         fatal: tuple[type[BaseException], ...] = (EngineDeadError, ClosedError),
     ) -> None:
         check_int(max_batch_size, "max_batch_size", min=1, error=ConfigurationError)
+        check_int(min_batch_size, "min_batch_size", min=1, max=max_batch_size, error=ConfigurationError)
         check_int(max_batch_cost, "max_batch_cost", min=1, allow_none=True, error=ConfigurationError)
         if max_batch_cost is not None and cost is None:
             raise ConfigurationError("'max_batch_cost' needs a 'cost' function that prices one item.")
@@ -165,6 +175,7 @@ class MicroBatcher(Generic[T, R]):
         self._fn = fn
         self.name = name
         self.max_batch_size = max_batch_size
+        self.min_batch_size = min_batch_size
         self.max_batch_cost = max_batch_cost
         self._cost = cost
         self._max_wait = max_wait_ms / 1000.0
@@ -330,26 +341,24 @@ class MicroBatcher(Generic[T, R]):
 
     def _loop(self) -> None:
         freed_at: float | None = None  # when the last batch ended; None while idle
-        expected = 0  # items we know of: those queued when the worker freed + those just served
         while True:
             with self._cond:
                 while not self._closed:
                     if (
                         freed_at is not None
+                        and self._live < self.min_batch_size
                         and self._max_wait > 0
-                        and self._live < expected
                         and not self._full()
                     ):
-                        # Under load: the callers just served are about to resubmit; let the next
-                        # batch fill for up to max_wait after the worker freed up, or until every
-                        # caller we know of is back (a lone sequential caller never waits).
+                        # Opt-in (min_batch_size > 1): a worker that just finished a batch lets a
+                        # short queue gather for up to max_wait. With the default it never waits.
                         remaining = freed_at + self._max_wait - time.perf_counter()
                         if remaining > 0:
                             self._cond.wait(remaining)
                             continue
                     if self._live > 0:
                         break
-                    freed_at = None  # nothing came within the window: idle, next item goes at once
+                    freed_at = None  # nothing queued: idle, the next item goes at once
                     self._busy = False
                     self._cond.wait()
                 if self._closed:
@@ -364,8 +373,6 @@ class MicroBatcher(Generic[T, R]):
                 logger.exception("MicroBatcher %r worker error", self.name)
                 self._fail(batch, exc)
             freed_at = time.perf_counter()
-            with self._cond:
-                expected = min(self.max_batch_size, self._live + len(batch))
 
     def _dispatch(self, batch: list[_Entry[T]]) -> None:
         started = time.perf_counter()

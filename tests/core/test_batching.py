@@ -222,10 +222,47 @@ def test_lone_call_is_not_delayed_by_window() -> None:
         assert b.submit(3).result(2) == 6
 
 
+def test_a_busy_worker_takes_what_queued_at_once_without_waiting_out_its_window() -> None:
+    # Dispatch when free: the queue that built up behind a batch is the next batch, immediately,
+    # even with a window of 10 s (it only applies under min_batch_size).
+    gate = Gate()
+    with MicroBatcher(gate, name="t", max_batch_size=8, max_wait_ms=10_000) as b:
+        first = _hold(b, gate)
+        futures = [b.submit(i) for i in range(3)]
+        gate.open.set()
+        assert [f.result(2) for f in futures] == [0, 2, 4]  # 10 s window: would time out if waited
+        assert first.result(2) == -2
+    assert [len(batch) for batch in gate.batches] == [1, 3]
+
+
+def test_min_batch_size_gathers_a_short_queue_after_a_batch_within_the_window() -> None:
+    gate = Gate()
+    with MicroBatcher(gate, name="t", max_batch_size=8, min_batch_size=4, max_wait_ms=10_000) as b:
+        first = _hold(b, gate)
+        futures = [b.submit(i) for i in range(2)]
+        gate.open.set()
+        assert first.result(2) == -2
+        time.sleep(0.2)  # the worker is free but waits: only 2 of 4 queued
+        assert not any(f.done() for f in futures) and len(gate.batches) == 1
+        futures += [b.submit(i) for i in range(2, 4)]  # the 4th fills the minimum: dispatched at once
+        assert [f.result(2) for f in futures] == [0, 2, 4, 6]
+    assert [len(batch) for batch in gate.batches] == [1, 4]
+    gate = Gate()
+    with MicroBatcher(gate, name="t", min_batch_size=4, max_wait_ms=50) as b:
+        first = _hold(b, gate)
+        late = b.submit(7)
+        gate.open.set()
+        assert late.result(2) == 14  # never more than the window: it goes alone after 50 ms
+        assert first.result(2) == -2
+    assert [len(batch) for batch in gate.batches] == [1, 1]
+
+
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
         ({"max_batch_size": 0}, "max_batch_size"),
+        ({"min_batch_size": 0}, "min_batch_size"),
+        ({"min_batch_size": 40, "max_batch_size": 32}, "min_batch_size"),
         ({"max_batch_cost": 5}, "needs a 'cost'"),
         ({"max_wait_ms": -1}, "max_wait_ms"),
         ({"max_queue": 0}, "max_queue"),

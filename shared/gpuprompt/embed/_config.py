@@ -33,7 +33,10 @@ class EmbedderConfig:
             fp32 elsewhere. Embeddings are always returned as float32.
         batch_size: most texts per forward pass.
         max_batch_tokens: most (non-padded) tokens per forward pass.
-        max_wait_ms: the longest a queued text waits for its batch to fill while under load.
+        max_wait_ms: with ``min_batch_size`` > 1, the longest the busy worker lets a short queue
+            gather after a batch (see :class:`~gpuprompt.MicroBatcher`; idle, it never waits).
+        min_batch_size: the queue a busy worker gathers before its next forward pass (within
+            ``max_wait_ms``); 1, the default, dispatches whatever queued behind the running batch.
         max_queue: most texts waiting; more raises ``QueueFullError``.
         cache_size: most embeddings kept in the device cache (LRU); 0 disables the cache.
         show_progress: show a tqdm bar for bulk calls (more than one batch of new texts).
@@ -55,6 +58,7 @@ class EmbedderConfig:
     batch_size: int = 64
     max_batch_tokens: int = 16_384
     max_wait_ms: float = 5.0
+    min_batch_size: int = 1
     max_queue: int = 100_000
     cache_size: int = 50_000
     show_progress: bool = False
@@ -65,6 +69,7 @@ class EmbedderConfig:
         check_int(self.batch_size, "batch_size", min=1, max=_MAX_INT32, error=ConfigurationError)
         check_int(self.max_batch_tokens, "max_batch_tokens", min=1, max=_MAX_INT32, error=ConfigurationError)
         check_int(self.max_queue, "max_queue", min=1, max=_MAX_INT32, error=ConfigurationError)
+        check_int(self.min_batch_size, "min_batch_size", min=1, max=self.batch_size, error=ConfigurationError)
         check_int(self.cache_size, "cache_size", min=0, max=_MAX_INT32, error=ConfigurationError)
         if self.dtype is not None:
             check_choice(self.dtype, "dtype", ("float16", "bfloat16", "float32"), error=ConfigurationError)

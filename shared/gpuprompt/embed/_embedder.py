@@ -188,6 +188,7 @@ class Embedder(LoadedModel):
                 max_batch_cost=self.config.max_batch_tokens,
                 cost=lambda item: item.tokens,
                 max_wait_ms=self.config.max_wait_ms,
+                min_batch_size=self.config.min_batch_size,
                 max_queue=self.config.max_queue,
             )
             self._forward, self._quantization, self._quality = forward, quantization, quality

@@ -83,7 +83,10 @@ class IndexConfig:
         ann_threshold: the record count above which ``"auto"`` on a CPU switches to HNSW.
         compact_fraction: rebuild an index with tombstones once they exceed this share of records.
         max_batch_size: most search requests coalesced into one backend call.
-        max_wait_ms: the longest a queued search waits for its batch to fill while under load.
+        max_wait_ms: with ``min_batch_size`` > 1, the longest the busy search worker lets a short
+            queue gather after a batch (idle, it never waits).
+        min_batch_size: the searches a busy worker gathers before its next batch (within
+            ``max_wait_ms``); 1, the default, takes whatever queued behind the running batch.
         max_queue: most search requests waiting; more raise ``QueueFullError``.
         embedder: which embedder produced the stored vectors (an
             :attr:`~gpuprompt.Embedder.identity` such as ``"sentence-transformers/all-MiniLM-L6-v2;int8"``),
@@ -109,6 +112,7 @@ class IndexConfig:
     compact_fraction: float = 0.25
     max_batch_size: int = 64
     max_wait_ms: float = 2.0
+    min_batch_size: int = 1
     max_queue: int = 10_000
     embedder: str | None = None
 
@@ -135,6 +139,8 @@ class IndexConfig:
         self._set("max_batch_size", check_int(self.max_batch_size, "max_batch_size", min=1, error=ConfigurationError))
         wait = check_number(self.max_wait_ms, "max_wait_ms", min=0, max=MAX_WAIT_MS_LIMIT, error=ConfigurationError)
         self._set("max_wait_ms", wait)
+        self._set("min_batch_size", check_int(self.min_batch_size, "min_batch_size", min=1, max=self.max_batch_size,
+                                              error=ConfigurationError))
         self._set("max_queue", check_int(self.max_queue, "max_queue", min=1, error=ConfigurationError))
         try:
             check_embedder_name(self.embedder, allow_none=True)
@@ -156,7 +162,8 @@ class IndexConfig:
     @property
     def batch_options(self) -> dict[str, Any]:
         """The search queue's options, as :class:`~gpuprompt.batching.MicroBatcher` takes them."""
-        return {"max_batch_size": self.max_batch_size, "max_wait_ms": self.max_wait_ms, "max_queue": self.max_queue}
+        return {"max_batch_size": self.max_batch_size, "max_wait_ms": self.max_wait_ms,
+                "min_batch_size": self.min_batch_size, "max_queue": self.max_queue}
 
 
 OPTIONS: tuple[str, ...] = tuple(field.name for field in dataclasses.fields(IndexConfig) if field.name != "dim")

@@ -56,7 +56,10 @@ class RerankerConfig:
         batch_size: most pairs per batch taken from the queue.
         max_batch_tokens: most padded tokens per forward pass (a batch is sorted by length and cut
             into passes within it, so short pairs are not padded to long ones).
-        max_wait_ms: the longest a queued pair waits for its batch to fill while the model is busy.
+        max_wait_ms: with ``min_batch_size`` > 1, the longest the busy model lets a short queue of
+            pairs gather after a batch (idle, it never waits).
+        min_batch_size: the queue of pairs a busy model gathers before its next batch (within
+            ``max_wait_ms``); 1, the default, takes whatever queued behind the running batch.
         max_queue: most pairs waiting; more raise ``QueueFullError``.
         cache_size: most scores kept (LRU, keyed by model, query and document); 0 disables it.
         max_documents: most documents one call may rerank.
@@ -73,6 +76,7 @@ class RerankerConfig:
     batch_size: int = 64
     max_batch_tokens: int = 16_384
     max_wait_ms: float = 5.0
+    min_batch_size: int = 1
     max_queue: int = 100_000
     cache_size: int = 100_000
     max_documents: int = 1000
@@ -89,6 +93,7 @@ class RerankerConfig:
         for name in ("batch_size", "max_batch_tokens", "max_queue", "max_documents"):
             check_int(getattr(self, name), name, min=1, max=_MAX_INT32, error=ConfigurationError)
         check_int(self.cache_size, "cache_size", min=0, max=_MAX_INT32, error=ConfigurationError)
+        check_int(self.min_batch_size, "min_batch_size", min=1, max=self.batch_size, error=ConfigurationError)
         object.__setattr__(self, "max_wait_ms", check_number(self.max_wait_ms, "max_wait_ms", min=0,
                                                              max=MAX_WAIT_MS_LIMIT, error=ConfigurationError))
         if self.quantize is not None:

@@ -216,6 +216,7 @@ class Reranker(LoadedModel):
                 max_batch_cost=self.config.max_batch_tokens,
                 cost=lambda pair: pair.tokens,
                 max_wait_ms=self.config.max_wait_ms,
+                min_batch_size=self.config.min_batch_size,
                 max_queue=self.config.max_queue,
             )
             self._model = model
