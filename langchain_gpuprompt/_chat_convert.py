@@ -4,7 +4,6 @@ messages. No prompt format and no parser here: both live in the core (``gpupromp
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -140,13 +139,17 @@ def _metadata(model: str, finish_reason: str | None) -> dict[str, Any]:
 
 
 def chat_result(result: GenerationResult) -> ChatResult:
-    """A core result as one ``ChatGeneration``: text, typed tool calls, usage and metadata."""
+    """A core result as one ``ChatGeneration``: text, typed tool calls, usage and metadata.
+
+    A call cut short by ``max_tokens`` (``finish_reason`` ``"length"``; the core marks it
+    ``incomplete``) goes to ``invalid_tool_calls`` with its partial argument text, as
+    langchain-openai files a call whose arguments do not parse."""
     metadata = _metadata(result.model, result.finish_reason)
     calls, invalid = [], []
     for call in getattr(result, "tool_calls", ()):
         try:
             calls.append({"name": call.name, "args": call.args, "id": call.id, "type": "tool_call"})
-        except ValueError as exc:  # the core hands out parsed JSON; kept for a foreign engine
+        except ValueError as exc:  # a cut call (or a foreign engine's unparsable arguments)
             invalid.append({"name": call.name, "args": call.arguments, "id": call.id, "error": str(exc),
                             "type": "invalid_tool_call"})
     message = AIMessage(
@@ -161,7 +164,11 @@ def chat_result(result: GenerationResult) -> ChatResult:
 
 def delta_chunk(delta: StreamDelta, model: str) -> ChatGenerationChunk:
     """A core stream delta as a chunk: text, ``tool_call_chunks`` (one per call index; the
-    argument fragments concatenate when chunks are added), and on the last one usage and metadata."""
+    argument fragments concatenate when chunks are added), and on the last one usage and metadata.
+
+    A call cut short by ``max_tokens`` arrives as chunks with its partial argument text, as
+    langchain-openai streams it; LangChain's chunk merge then parses partial JSON as far as it goes
+    (the last chunk's ``finish_reason`` is ``"length"``)."""
     chunks = [
         {"name": part.name, "args": part.arguments, "id": part.id, "index": part.index, "type": "tool_call_chunk"}
         for part in getattr(delta, "tool_calls", ())
@@ -182,22 +189,3 @@ def delta_chunk(delta: StreamDelta, model: str) -> ChatGenerationChunk:
         ),
         generation_info=dict(metadata),
     )
-
-
-def history_turns(messages: Sequence[BaseMessage]) -> list[dict[str, str]]:
-    """Plain ``{"role", "content"}`` text turns for stores that keep (role, text) only
-    (``GPUPromptChatMessageHistory``): tool calls as JSON text after the AI text, tool results as
-    user turns. The chat model itself sends :func:`core_messages` (real tool turns)."""
-    turns: list[dict[str, str]] = []
-    for turn in core_messages(messages):
-        if turn["role"] == "tool":
-            name = f" {turn['name']}" if turn.get("name") else ""
-            turns.append({"role": "user", "content": f"Result of tool{name} call {turn['tool_call_id']}: {turn['content']}"})
-        elif turn.get("tool_calls"):
-            calls = [{"name": c["function"]["name"], "arguments": c["function"]["arguments"]} for c in turn["tool_calls"]]
-            text = turn["content"]
-            turns.append({"role": "assistant",
-                          "content": (text + "\n" if text else "") + json.dumps(calls[0] if len(calls) == 1 else calls)})
-        else:
-            turns.append({"role": turn["role"], "content": turn["content"]})
-    return turns

@@ -2,7 +2,8 @@
 
 Each message is embedded once, when added; ``relevant_messages`` then picks a session's past
 messages most similar to a query with one product on the device, never re-encoding history.
-Messages become turns exactly as :class:`ChatGPUPrompt` sends them to the engine (one translation).
+Messages become turns exactly as :class:`ChatGPUPrompt` sends them to the engine (one translation),
+tool calls and tool results included, and read back as the same LangChain messages.
 The class gets its runtime once (:func:`gpuprompt.connect`): with ``base_url`` (or ``GPUPROMPT_URL``)
 the turns live in a running ``gpuprompt serve`` (a ``RemoteContextCache``), else in the process's
 shared ContextCache; it then only delegates (:class:`gpuprompt.protocols.ContextLike`).
@@ -18,9 +19,9 @@ from gpuprompt.protocols import ContextLike
 from gpuprompt.runtime import connect
 from gpuprompt.validation import INT64_MAX, check_int, check_str
 from langchain_core.chat_history import BaseChatMessageHistory
-from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, SystemMessage
+from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, SystemMessage, ToolMessage
 
-from langchain_gpuprompt._chat_models import _to_core_messages
+from langchain_gpuprompt._chat_convert import core_messages
 
 if TYPE_CHECKING:
     from gpuprompt.context import Turn
@@ -28,26 +29,32 @@ if TYPE_CHECKING:
 
 __all__ = ["GPUPromptChatMessageHistory"]
 
-_MESSAGE_OF_ROLE: dict[str, type[BaseMessage]] = {"user": HumanMessage, "assistant": AIMessage, "system": SystemMessage}
+_MESSAGE_OF_ROLE: dict[str, type[BaseMessage]] = {"user": HumanMessage, "system": SystemMessage}
 
 
 class GPUPromptChatMessageHistory(BaseChatMessageHistory):
     """Chat history for one session, stored in gpuprompt's :class:`~gpuprompt.ContextCache`.
 
     Usable wherever LangChain takes a ``BaseChatMessageHistory``, notably
-    ``RunnableWithMessageHistory``. Messages are stored as (role, text) turns, translated exactly
-    as :class:`ChatGPUPrompt` sends them to the engine, so a conversation read back from the
-    history gives the model the same prompt as the original messages:
+    ``RunnableWithMessageHistory`` and agents. Messages are stored as the core's turns, translated
+    exactly as :class:`ChatGPUPrompt` sends them to the engine, and read back as the same
+    messages (as ``InMemoryChatMessageHistory`` returns them):
 
-    * ``SystemMessage`` -> ``"system"``, ``HumanMessage`` -> ``"user"``, ``AIMessage`` ->
-      ``"assistant"`` (its tool calls appended to the text as JSON);
-    * ``ToolMessage`` -> ``"user"``, as the text ``"Result of tool <name> call <id>: <content>"``
-      (the engine's chat templates know no tool role; until the core models tool calls, a tool
-      result is a user turn everywhere);
-    * read back, turns are ``SystemMessage``, ``HumanMessage`` and ``AIMessage``.
+    * ``SystemMessage`` -> ``"system"``, ``HumanMessage`` -> ``"user"``;
+    * ``AIMessage`` -> ``"assistant"`` with its ``tool_calls`` (id, name, args), read back as an
+      ``AIMessage`` with the same content and ``tool_calls``;
+    * ``ToolMessage`` -> ``"tool"`` with its ``tool_call_id``, ``name`` and ``status``, read back
+      as a ``ToolMessage`` with the same fields.
 
-    Each message is embedded once, on add, so :meth:`relevant_messages` can pick the past
-    messages most related to a new question without re-encoding the conversation.
+    What is kept is what the chat model sends: the text of the content (text blocks joined), the
+    tool calls and the tool-result fields. Other message fields (ids, ``additional_kwargs``,
+    ``response_metadata``, usage, ``invalid_tool_calls``) are not stored, and a tool call without
+    an id gets a stable one derived from the call.
+
+    Each message is embedded once, on add (an AI message that calls tools as its text plus each
+    call's name and arguments), so :meth:`relevant_messages` can pick the past messages most
+    related to a new question without re-encoding the conversation; it returns a tool call
+    together with its results, or neither.
 
     Instantiate:
         .. code-block:: python
@@ -166,7 +173,9 @@ class GPUPromptChatMessageHistory(BaseChatMessageHistory):
     def relevant_messages(self, query: str, k: int = 4) -> list[BaseMessage]:
         """The ``k`` past messages most similar to ``query``, in chronological order.
 
-        Only ``query`` is embedded; the session's messages were embedded when added.
+        Only ``query`` is embedded; the session's messages were embedded when added. An AI message
+        that calls tools and its ``ToolMessage`` results are picked together, or not at all (they
+        count as that many of ``k``), so the list is always a valid conversation to replay.
 
         Raises:
             InputTypeError: ``query`` is not a str.
@@ -236,17 +245,28 @@ def _message(message: Any, kind: type[BaseMessage]) -> BaseMessage:
     return message
 
 
-def _to_turns(messages: Sequence[BaseMessage]) -> list[tuple[str, str]]:
+def _to_turns(messages: Sequence[BaseMessage]) -> list[dict[str, Any]]:
     if isinstance(messages, (BaseMessage, str, bytes)) or not isinstance(messages, Sequence):
         raise InputTypeError(
             f"'messages' must be a list of BaseMessage (got {describe(messages)}); wrap one message in a list."
         )
-    turns = _to_core_messages(messages)  # the chat model's translation: the same turns it would send
-    return [
-        (turn["role"], check_str(turn["content"], f"messages[{position}].content"))
-        for position, turn in enumerate(turns)
-    ]
+    turns = core_messages(messages)  # the chat model's translation: the same turns it would send
+    for position, (message, turn) in enumerate(zip(messages, turns)):
+        check_str(turn["content"], f"messages[{position}].content")
+        if isinstance(message, ToolMessage):
+            turn["status"] = message.status
+    return turns
 
 
 def _to_messages(turns: list[Turn]) -> list[BaseMessage]:
-    return [_MESSAGE_OF_ROLE[turn.role](content=turn.text) for turn in turns if turn.role in _MESSAGE_OF_ROLE]
+    messages: list[BaseMessage] = []
+    for turn in turns:
+        if turn.role == "assistant":
+            calls = [{"name": c.name, "args": c.args, "id": c.id, "type": "tool_call"} for c in turn.tool_calls]
+            messages.append(AIMessage(content=turn.text, tool_calls=calls))
+        elif turn.role == "tool":
+            messages.append(ToolMessage(content=turn.text, tool_call_id=turn.tool_call_id or "", name=turn.name,
+                                        status=turn.status or "success"))
+        else:
+            messages.append(_MESSAGE_OF_ROLE[turn.role](content=turn.text))
+    return messages

@@ -40,7 +40,6 @@ from langchain_gpuprompt._chat_convert import (
     core_messages,
     core_tool_choice,
     delta_chunk,
-    history_turns,
     json_schema,
 )
 
@@ -56,9 +55,6 @@ _CALL_OPTIONS = frozenset(
     {"model", "max_tokens", "temperature", "top_p", "seed", "priority", "truncate", "timeout", "response_format",
      "tools", "tool_choice", "parallel_tool_calls", "stream", "ls_structured_output_format"}
 )
-
-_to_core_messages = history_turns
-"""The (role, text) turns ``GPUPromptChatMessageHistory`` stores (kept under its old name)."""
 
 
 class ChatGPUPrompt(BaseChatModel):

@@ -1,7 +1,8 @@
 """GPUPromptContextMemoryBlock: a LlamaIndex ``Memory`` block over gpuprompt's ``ContextCache``.
 
 Turns flushed from short-term memory are embedded once, when stored; later reads pick a session's
-most relevant past turns with one product against the device-resident turn embeddings. The block
+most relevant past turns with one product against the device-resident turn embeddings. Tool calls
+and their results are stored as such and rendered together, one line per call with its result. The block
 gets its runtime once (:func:`gpuprompt.connect`): with ``base_url`` (or ``GPUPROMPT_URL``) the
 turns live in a running ``gpuprompt serve`` (a ``RemoteContextCache``), else in the process's shared
 ContextCache; it then only delegates (:class:`gpuprompt.protocols.ContextLike`).
@@ -12,7 +13,7 @@ from __future__ import annotations
 import re
 import string
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpuprompt.errors import ConfigurationError, InputTypeError, InvalidInputError, describe
 from gpuprompt.protocols import ContextLike
@@ -22,13 +23,18 @@ from llama_index.core.base.llms.types import ChatMessage, TextBlock
 from llama_index.core.bridge.pydantic import ConfigDict, Field, PrivateAttr, ValidationError, field_validator
 from llama_index.core.memory.memory import BaseMemoryBlock
 
+from llamaindex_gpuprompt._llm_tools import _message_calls, _openai_call, _tool_result
+
+if TYPE_CHECKING:
+    from gpuprompt.context import Turn
+
 __all__ = ["GPUPromptContextMemoryBlock"]
 
 _MAX_WIDTH = 10_000
 """Widest format-spec number a ``turn_template`` may use."""
 
-# ContextCache keeps the LLM's three roles; LlamaIndex has aliases of them. A tool or function
-# result is a user turn, as GPUPromptLLM sends it (the engine's chat templates know no tool role).
+# ContextCache keeps the LLM's roles; LlamaIndex has aliases of them. A tool or function result is a
+# "tool" turn, as GPUPromptLLM sends it.
 _ROLE_MAP = {
     "system": "system",
     "developer": "system",
@@ -36,8 +42,8 @@ _ROLE_MAP = {
     "assistant": "assistant",
     "chatbot": "assistant",
     "model": "assistant",
-    "tool": "user",
-    "function": "user",
+    "tool": "tool",
+    "function": "tool",
 }
 
 
@@ -54,9 +60,17 @@ class GPUPromptContextMemoryBlock(BaseMemoryBlock[str]):
     never see each other's turns.
 
     Roles: system and developer messages are stored as ``"system"``, assistant, chatbot and model
-    messages as ``"assistant"``, and user, tool and function messages as ``"user"`` -- the same
-    mapping :class:`GPUPromptLLM` applies when it sends messages (until the core models tool
-    calls, a tool result is a user turn everywhere).
+    messages as ``"assistant"`` (with their tool calls: ``ToolCallBlock``s, else
+    ``additional_kwargs["tool_calls"]``), user messages as ``"user"``, and tool and function
+    messages as ``"tool"`` turns with ``additional_kwargs["tool_call_id"]`` and ``["name"]`` --
+    the same translation :class:`GPUPromptLLM` applies when it sends messages. A message with no
+    text and no tool call (a tool result aside) is not stored.
+
+    Rendering: each returned turn is ``turn_template`` with its role and text, except that a tool
+    call and its result are rendered together, as one ``assistant`` line per call:
+    ``called <name>(<arguments>) -> <result>`` (``-> error: <result>`` when the tool failed; no
+    arrow while the result is not stored). The window returns a call with its results or neither,
+    and never a result whose call is gone.
 
     Example:
         >>> from llama_index.core.memory import Memory
@@ -211,7 +225,7 @@ class GPUPromptContextMemoryBlock(BaseMemoryBlock[str]):
         turns = await self.context_cache.awindow(
             session_id, query=query, max_turns=self.max_turns, max_tokens=self.max_tokens, recent=self.recent
         )
-        return "\n".join(_render(self.turn_template, turn.role, turn.text) for turn in turns)
+        return _render_turns(self.turn_template, turns)
 
     def _session(self, value: Any, name: str) -> str:
         """The session a call or message names (None or "": the default), as the cache accepts it."""
@@ -225,21 +239,64 @@ class GPUPromptContextMemoryBlock(BaseMemoryBlock[str]):
 
     async def _aput(self, messages: list[ChatMessage]) -> None:
         # Every message is checked before anything is stored: a refused call stores nothing.
-        by_session: dict[str, list[tuple[str, str]]] = {}
+        by_session: dict[str, list[dict[str, Any]]] = {}
         for i, message in enumerate(_messages(messages)):
             # BaseMemoryBlock.aput tags each message with the memory's session id.
             session_id = self._session(
                 message.additional_kwargs.get("session_id"), f"messages[{i}].additional_kwargs['session_id']"
             )
-            text = check_str(_message_text(message), f"messages[{i}].content")
-            if not text:
-                continue
-            role = _ROLE_MAP.get(str(getattr(message.role, "value", message.role)), "user")
-            by_session.setdefault(session_id, []).append((role, text))
+            turn = _turn(message, i)
+            if turn is not None:
+                by_session.setdefault(session_id, []).append(turn)
         for message in messages:
             message.additional_kwargs.pop("session_id", None)  # checked: now untag
         for session_id, turns in by_session.items():
             await self.context_cache.aextend(session_id, turns)
+
+
+def _turn(message: ChatMessage, index: int) -> dict[str, Any] | None:
+    """The core turn of one message (None: nothing to store), as GPUPromptLLM would send it."""
+    text = check_str(_message_text(message), f"messages[{index}].content")
+    role = _ROLE_MAP.get(str(getattr(message.role, "value", message.role)), "user")
+    if role == "tool":
+        return _tool_result(message, index, text)
+    calls = _message_calls(message, index) if role == "assistant" else []
+    if calls:
+        return {"role": "assistant", "content": text, "tool_calls": [_openai_call(*call) for call in calls]}
+    return {"role": role, "content": text} if text else None
+
+
+def _render_turns(template: str, turns: Sequence[Turn]) -> str:
+    """The turns, one rendered line each, but a tool call and its result as one ``assistant`` line
+    per call. A result joins its call by ``tool_call_id``, or, without one, the next unanswered
+    call of the call turn before it."""
+    results: dict[int, Turn] = {}  # index of a result -> claimed
+    answer: dict[tuple[int, int], Turn] = {}  # (turn index, call position) -> its result
+    by_id: dict[str, tuple[int, int]] = {}
+    open_calls: list[tuple[int, int]] = []
+    for turn in turns:
+        if turn.role == "tool":
+            key = by_id.get(turn.tool_call_id) if turn.tool_call_id else (open_calls[0] if open_calls else None)
+            if key is not None and key not in answer:
+                answer[key] = results[turn.index] = turn
+                if key in open_calls:
+                    open_calls.remove(key)
+            continue
+        open_calls = [(turn.index, j) for j in range(len(turn.tool_calls))]
+        by_id.update({call.id: (turn.index, j) for j, call in enumerate(turn.tool_calls)})
+    lines = []
+    for turn in turns:
+        if turn.index in results:
+            continue
+        if turn.text or not turn.tool_calls:
+            lines.append(_render(template, turn.role, turn.text))
+        for j, call in enumerate(turn.tool_calls):
+            text = f"called {call.name}({call.arguments})"
+            result = answer.get((turn.index, j))
+            if result is not None:
+                text += f" -> {'error: ' if result.status == 'error' else ''}{result.text}"
+            lines.append(_render(template, "assistant", text))
+    return "\n".join(lines)
 
 
 def _messages(messages: Any, *, allow_none: bool = False) -> list[ChatMessage] | None:

@@ -134,13 +134,17 @@ class EngineLike(Protocol):
 
 @runtime_checkable
 class ContextLike(Protocol):
-    """Per-session conversation memory: :class:`~gpuprompt.ContextCache` and ``RemoteContextCache``."""
+    """Per-session conversation memory: :class:`~gpuprompt.ContextCache` and ``RemoteContextCache``.
 
-    def append(self, session_id: str, role: str, text: str) -> Turn: ...
+    A turn to append is a ``(role, text)`` pair or a chat message dict (an assistant's
+    ``tool_calls``, a tool result's ``tool_call_id``, ``name``, ``status``); ``append`` takes a
+    role and a text, or one such dict with the text omitted (see :meth:`ContextCache.extend`)."""
+
+    def append(self, session_id: str, role: Any, text: str | None = None) -> Turn: ...
 
     def extend(self, session_id: str, turns: Any) -> list[Turn]: ...
 
-    async def aappend(self, session_id: str, role: str, text: str) -> Turn: ...
+    async def aappend(self, session_id: str, role: Any, text: str | None = None) -> Turn: ...
 
     async def aextend(self, session_id: str, turns: Any) -> list[Turn]: ...
 

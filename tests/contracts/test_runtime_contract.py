@@ -93,3 +93,23 @@ async def test_conversation_windows_are_equal(sides) -> None:
         assert side["context"].window("contract-1") == []
         with pytest.raises((InputTypeError, InvalidInputError)):
             side["context"].extend("", turns)
+
+
+async def test_tool_turns_and_their_windows_are_equal(sides) -> None:
+    local, far = sides
+    call = {"id": "c1", "type": "function", "function": {"name": "shrinkage", "arguments": '{"fabric": "cotton"}'}}
+    turns = [{"role": "user", "content": "Does cotton shrink?"},
+             {"role": "assistant", "content": "", "tool_calls": [call]},
+             {"role": "tool", "content": "3% at 40 C", "tool_call_id": "c1", "name": "shrinkage", "status": "success"},
+             {"role": "assistant", "content": "About 3% at 40 C."}]
+    for side in (local, far):
+        await side["context"].aextend("contract-2", turns)
+    near, remote = local["context"].turns("contract-2"), await far["context"].aturns("contract-2")
+    assert [t.as_message() for t in remote] == [t.as_message() for t in near] == turns
+    for options in ({"max_turns": 2}, {"max_turns": 3}, {"query": "shrinking", "max_turns": 3, "recent": 0}):
+        assert [t.index for t in far["context"].window("contract-2", **options)] == [
+            t.index for t in local["context"].window("contract-2", **options)], options
+    for side in (local, far):
+        side["context"].clear("contract-2")
+        with pytest.raises(InvalidInputError, match="only an 'assistant' turn calls tools"):
+            side["context"].extend("contract-2", [{"role": "user", "content": "x", "tool_calls": [call]}])

@@ -255,3 +255,61 @@ def test_redis_store_keeps_the_memory_store_contract(redis_server, prefix) -> No
     assert [entry[1] for entry in seen[1][0]] == ["b", "d", "e"] and seen[1][5] == ["t", "s"]
     assert [r.text for r in other.load("kept").records] == ["x"]  # clear() kept to its own prefix
     other.clear()
+
+
+TOOL_CHAT = [
+    {"role": "user", "content": "Where is my order 4417?"},
+    {"role": "assistant", "content": "", "tool_calls": [
+        {"id": "c1", "type": "function", "function": {"name": "order_status", "arguments": '{"order_id": 4417}'}}]},
+    {"role": "tool", "content": "shipped yesterday", "tool_call_id": "c1", "name": "order_status", "status": "error"},
+    {"role": "assistant", "content": "It shipped yesterday."},
+]
+
+
+def test_tool_turns_round_trip_between_replicas(embedder, redis_server, prefix) -> None:
+    a, b = replica(embedder, redis_server, prefix), replica(embedder, redis_server, prefix)
+    written = a.extend("agent-1", TOOL_CHAT)
+    assert b.turns("agent-1") == written
+    assert [t.as_message() for t in b.turns("agent-1")] == TOOL_CHAT
+    # The call and its result travel together in b's windows too.
+    assert [t.index for t in b.window("agent-1", max_turns=2)] == [3]
+    assert [t.index for t in b.window("agent-1", max_turns=3)] == [1, 2, 3]
+
+
+def test_a_session_stored_before_tool_fields_existed_still_loads(embedder, redis_server, prefix) -> None:
+    """Records in Redis from before this version (a header of role, text, tokens, created_at only)
+    load as plain turns, and the session takes new tool turns after them."""
+    import struct
+
+    import numpy as np
+
+    client = redis.Redis.from_url(redis_server.url)
+    texts = ["I want a red dress.", "The Aurora dress is red."]
+    vectors = embedder.embed_tensor(texts).cpu().numpy().astype("<f4")
+    old = []
+    for i, (role, text) in enumerate(zip(["user", "assistant"], texts)):
+        header = json_header(role, text, 5 + i, 1_700_000_000.5 + i)
+        old.append(struct.pack("<BI", 1, len(header)) + header + vectors[i].tobytes())
+    base = f"{prefix}session:{{old}}"
+    client.rpush(f"{base}:turns", *old)
+    client.hset(f"{base}:head", mapping={"embedder": embedder.identity, "dim": vectors.shape[1], "epoch": "e0",
+                                         "next": 2})
+    client.zadd(f"{prefix}sessions", {"old": time.time()})
+    cache = replica(embedder, redis_server, prefix)
+    turns = cache.turns("old")
+    assert [(t.role, t.text, t.index, t.tokens, t.created_at) for t in turns] == [
+        ("user", texts[0], 0, 5, 1_700_000_000.5), ("assistant", texts[1], 1, 6, 1_700_000_001.5)]
+    assert all(t.tool_calls == () and t.tool_call_id is t.name is t.status is None for t in turns)
+    assert np.allclose(cache._sessions["old"].vectors[:2].cpu().numpy(), vectors)
+    cache.extend("old", TOOL_CHAT[1:3])
+    again = replica(embedder, redis_server, prefix)
+    assert [t.as_message() for t in again.turns("old")][2:] == TOOL_CHAT[1:3]
+    client.close()
+
+
+def json_header(role: str, text: str, tokens: int, created_at: float) -> bytes:
+    """A record header exactly as versions before tool fields wrote it."""
+    import json
+
+    return json.dumps({"role": role, "text": text, "tokens": tokens, "created_at": created_at},
+                      ensure_ascii=False, separators=(",", ":")).encode("utf-8")

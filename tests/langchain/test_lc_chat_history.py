@@ -7,13 +7,16 @@ from typing import Any
 
 import pytest
 from langchain_core.callbacks import BaseCallbackHandler
+from langchain_core.chat_history import InMemoryChatMessageHistory
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, SystemMessage, ToolMessage
 from langchain_core.prompts import ChatPromptTemplate, MessagesPlaceholder
 from langchain_core.runnables.history import RunnableWithMessageHistory
+from support.tool_history import DIFFERENTIAL, shape
 
 from gpuprompt.context import ContextCache
 from gpuprompt.errors import InputTypeError, InvalidInputError
 from langchain_gpuprompt import ChatGPUPrompt, GPUPromptChatMessageHistory, GPUPromptEmbeddings
+from langchain_gpuprompt._chat_convert import core_messages
 
 
 def _session() -> str:
@@ -69,10 +72,9 @@ async def test_async_methods(lc_embeddings: GPUPromptEmbeddings) -> None:
 
 
 def test_tool_turns_are_stored_as_the_chat_model_sends_them() -> None:
-    """A tool result is a user turn, with the text ChatGPUPrompt sends; an AI tool call keeps its
-    JSON. Read back, the history gives the model the very prompt the original messages gave."""
-    from langchain_gpuprompt._chat_models import _to_core_messages
-
+    """An AI tool call is an assistant turn with its calls and a ToolMessage a "tool" turn, as
+    ChatGPUPrompt sends them; read back, the history gives the model the very prompt the original
+    messages gave."""
     history = GPUPromptChatMessageHistory(_session())
     original = [
         HumanMessage("Where is order 42?"),
@@ -82,10 +84,51 @@ def test_tool_turns_are_stored_as_the_chat_model_sends_them() -> None:
     ]
     history.add_messages(original)
     turns = history.context_cache.turns(history.session_id)
-    assert [t.role for t in turns] == ["user", "assistant", "user", "assistant"]
-    assert turns[2].text == "Result of tool order_status call c1: shipped yesterday"
-    assert isinstance(history.messages[2], HumanMessage)
-    assert _to_core_messages(history.messages) == _to_core_messages(original)
+    assert [t.role for t in turns] == ["user", "assistant", "tool", "assistant"]
+    assert [c.to_openai() for c in turns[1].tool_calls] == [
+        {"id": "c1", "type": "function", "function": {"name": "order_status", "arguments": '{"order_id": 42}'}}]
+    assert (turns[2].text, turns[2].tool_call_id, turns[2].name, turns[2].status) == (
+        "shipped yesterday", "c1", "order_status", "success")
+    assert isinstance(history.messages[2], ToolMessage)
+    assert core_messages(history.messages) == core_messages(original)
+    history.clear()
+
+
+@pytest.mark.parametrize("messages", list(DIFFERENTIAL.values()), ids=list(DIFFERENTIAL))
+def test_history_returns_what_in_memory_history_returns(messages: list[BaseMessage]) -> None:
+    """The same message lists, in two adds, to LangChain's own InMemoryChatMessageHistory and to ours."""
+    reference = InMemoryChatMessageHistory()
+    history = GPUPromptChatMessageHistory(_session())
+    for target in (reference, history):
+        target.add_messages(messages[:1])
+        target.add_messages(messages[1:])
+    assert shape(history.messages) == shape(reference.messages) == shape(messages)
+    assert [type(m) for m in GPUPromptChatMessageHistory(history.session_id).messages] == [type(m) for m in messages]
+    history.clear()
+
+
+async def test_async_history_returns_what_in_memory_history_returns() -> None:
+    reference = InMemoryChatMessageHistory()
+    history = GPUPromptChatMessageHistory(_session())
+    for messages in DIFFERENTIAL.values():
+        await reference.aadd_messages(messages)
+        await history.aadd_messages(messages)
+    assert shape(await history.aget_messages()) == shape(await reference.aget_messages())
+    await history.aclear()
+
+
+def test_relevant_messages_keep_a_call_with_its_results() -> None:
+    history = GPUPromptChatMessageHistory(_session())
+    history.add_messages(DIFFERENTIAL["parallel-calls"])
+    for k in range(0, 8):
+        picked = history.relevant_messages("how much does the dress cost?", k=k)
+        assert len(picked) <= k
+        kinds = [type(m).__name__ for m in picked]
+        if "AIMessage" in kinds and any(m.tool_calls for m in picked if isinstance(m, AIMessage)):
+            assert kinds.count("ToolMessage") == 2
+        else:
+            assert "ToolMessage" not in kinds
+    assert len(history.relevant_messages("how much does the dress cost?", k=6)) == 6  # everything fits
     history.clear()
 
 

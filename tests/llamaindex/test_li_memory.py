@@ -115,3 +115,60 @@ def test_bad_configuration_is_rejected() -> None:
         GPUPromptContextMemoryBlock(name=None)
     with pytest.raises(ConfigurationError, match="'turn_template'.*width"):
         GPUPromptContextMemoryBlock(turn_template="{text:>99999999999}")
+
+
+TOOL_CONVERSATION = [
+    ChatMessage(role="user", content="How much are the Trailmaster boots, and are they in stock?"),
+    ChatMessage(role="assistant", content="Let me check.", additional_kwargs={"tool_calls": [
+        {"id": "c1", "type": "function", "function": {"name": "price", "arguments": '{"item": "Trailmaster"}'}},
+        {"id": "c2", "type": "function", "function": {"name": "stock", "arguments": '{"item": "Trailmaster"}'}}]}),
+    ChatMessage(role="tool", content="129 EUR", additional_kwargs={"tool_call_id": "c1", "name": "price"}),
+    ChatMessage(role="tool", content="stock service timed out", additional_kwargs={"tool_call_id": "c2"}),
+    ChatMessage(role="assistant", content="They cost 129 EUR; stock is unknown right now."),
+    ChatMessage(role="user", content="Can I pay with a gift card?"),
+]
+
+
+async def test_a_tool_call_and_its_result_are_stored_and_rendered_together(li_embed) -> None:
+    cache = ContextCache(li_embed.embedder)
+    block = GPUPromptContextMemoryBlock(context_cache=cache, max_turns=10)
+    await block.aput(TOOL_CONVERSATION, session_id="tools")
+    turns = cache.turns("tools")
+    assert [t.role for t in turns] == ["user", "assistant", "tool", "tool", "assistant", "user"]
+    assert [c.id for c in turns[1].tool_calls] == ["c1", "c2"] and turns[2].name == "price"
+    # The stored result of a failed tool is marked in the rendering by its status (set in the core).
+    cache.extend("tools", [
+        {"role": "assistant", "content": "", "tool_calls": [{"id": "c3", "name": "gift_card", "arguments": "{}"}]},
+        {"role": "tool", "content": "not accepted online", "tool_call_id": "c3", "status": "error"},
+    ])
+    text = await block.aget([ChatMessage(role="user", content="boots price")], session_id="tools")
+    assert text.splitlines() == [
+        "user: How much are the Trailmaster boots, and are they in stock?",
+        "assistant: Let me check.",
+        'assistant: called price({"item": "Trailmaster"}) -> 129 EUR',
+        'assistant: called stock({"item": "Trailmaster"}) -> stock service timed out',
+        "assistant: They cost 129 EUR; stock is unknown right now.",
+        "user: Can I pay with a gift card?",
+        "assistant: called gift_card({}) -> error: not accepted online",
+    ]
+    # Under a turn budget a call goes with its results or not at all.
+    for max_turns in range(1, 9):
+        small = GPUPromptContextMemoryBlock(context_cache=cache, max_turns=max_turns)
+        lines = (await small.aget([ChatMessage(role="user", content="boots price")], session_id="tools")).splitlines()
+        called = [line for line in lines if "called " in line]
+        assert all(" -> " in line for line in called), (max_turns, lines)
+        if any("called price" in line for line in lines):
+            assert any("called stock" in line for line in lines) and "assistant: Let me check." in lines
+
+
+async def test_a_call_without_its_result_renders_alone_and_an_orphan_result_never(li_embed) -> None:
+    cache = ContextCache(li_embed.embedder, max_turns_per_session=3)
+    block = GPUPromptContextMemoryBlock(context_cache=cache, max_turns=5, recent=5)
+    await block.aput(TOOL_CONVERSATION[1:2], session_id="o")
+    assert await block.aget([], session_id="o") == (
+        'assistant: Let me check.\nassistant: called price({"item": "Trailmaster"})\n'
+        'assistant: called stock({"item": "Trailmaster"})')
+    await block.aput(TOOL_CONVERSATION[2:], session_id="o")  # the cap drops the call: its results are orphans
+    assert [t.role for t in cache.turns("o")] == ["tool", "assistant", "user"]
+    assert (await block.aget([], session_id="o")).splitlines() == [
+        "assistant: They cost 129 EUR; stock is unknown right now.", "user: Can I pay with a gift card?"]

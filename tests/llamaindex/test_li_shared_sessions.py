@@ -38,6 +38,7 @@ async def test_langchain_writes_llamaindex_reads(li_embed) -> None:
             SystemMessage("You sell clothes."),
             HumanMessage("I bought the Aurora dress in size M."),
             AIMessage("Thanks! How can I help with the Aurora dress?"),
+            AIMessage("", tool_calls=[{"name": "stock", "args": {"size": "M"}, "id": "c1"}]),
             ToolMessage("in stock", tool_call_id="c1", name="stock"),
         ]
     )
@@ -47,7 +48,7 @@ async def test_langchain_writes_llamaindex_reads(li_embed) -> None:
         "system: You sell clothes.",
         "user: I bought the Aurora dress in size M.",
         "assistant: Thanks! How can I help with the Aurora dress?",
-        "user: Result of tool stock call c1: in stock",  # a tool result is a user turn everywhere
+        'assistant: called stock({"size": "M"}) -> in stock',  # a call and its result, together
     ]
     history.clear()
     assert await block.aget([ChatMessage(role="user", content="what size did I buy?")], session_id=session) == ""
@@ -60,8 +61,10 @@ async def test_llamaindex_writes_langchain_reads(li_embed) -> None:
         [
             ChatMessage(role="developer", content="Answer briefly."),
             ChatMessage(role="user", content="Do you ship to Norway?"),
+            ChatMessage(role="assistant", content="", additional_kwargs={"tool_calls": [
+                {"id": "c1", "type": "function", "function": {"name": "shipping", "arguments": '{"to": "NO"}'}}]}),
+            ChatMessage(role="tool", content="shipping: NO, 3 days", additional_kwargs={"tool_call_id": "c1"}),
             ChatMessage(role="assistant", content="Yes, in 3 days."),
-            ChatMessage(role="tool", content="shipping: NO, 3 days"),
         ],
         session_id=session,
     )
@@ -69,8 +72,9 @@ async def test_llamaindex_writes_langchain_reads(li_embed) -> None:
     assert history.messages == [
         SystemMessage("Answer briefly."),
         HumanMessage("Do you ship to Norway?"),
+        AIMessage("", tool_calls=[{"name": "shipping", "args": {"to": "NO"}, "id": "c1", "type": "tool_call"}]),
+        ToolMessage("shipping: NO, 3 days", tool_call_id="c1"),
         AIMessage("Yes, in 3 days."),
-        HumanMessage("shipping: NO, 3 days"),
     ]
     assert [m.content for m in history.relevant_messages("delivery to Norway", k=1)] == ["Do you ship to Norway?"]
     history.clear()

@@ -9,6 +9,11 @@ the tensor is full the kept rows are copied into a *new* tensor and list. A read
 snapshot under the lock in O(1) (the two references and a ``[start, end)`` range) and scores it
 outside the lock, on the device, while writers go on appending: every window is the answer for
 one instant of the session.
+
+Tool calls: an assistant turn may carry its tool calls and a ``"tool"`` turn is a tool's result
+(``tool_call_id``, ``name``, ``status``). What is embedded and counted for an assistant turn that
+calls tools is its text plus each call as ``name(arguments)`` (:func:`~gpuprompt.context._types.memory_text`),
+and a window keeps a call and its results together, both or neither (:mod:`gpuprompt.context._window`).
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from gpuprompt.bridge import off_loop
@@ -25,15 +31,19 @@ from gpuprompt.context._sync import StoreSync
 from gpuprompt.context._types import (
     MAX_SESSIONS_LIMIT,
     MAX_TURNS_LIMIT,
+    ROLES,
     ContextStats,
     Session,
     Turn,
+    _draft,
     check_session_id,
+    check_turn,
+    memory_text,
 )
+from gpuprompt.context._window import select_units, tool_units
 from gpuprompt.context.stores._protocol import check_store
 from gpuprompt.errors import ConfigurationError, DimensionMismatchError, InputTypeError
-from gpuprompt.llm._types import ROLES
-from gpuprompt.validation import INT64_MAX, check_choice, check_clock, check_int, check_str, check_ttl, fail
+from gpuprompt.validation import INT64_MAX, check_clock, check_int, check_str, check_ttl, fail
 
 if TYPE_CHECKING:
     import torch
@@ -41,7 +51,7 @@ if TYPE_CHECKING:
     from gpuprompt.context.stores import SessionStore
     from gpuprompt.protocols import EmbedderLike
 
-__all__ = ["ContextCache", "ContextStats", "Turn", "check_session_id"]
+__all__ = ["ROLES", "ContextCache", "ContextStats", "Turn", "check_session_id"]
 
 class ContextCache(StoreSync):
     """Per-session conversation memory with device-resident turn embeddings.
@@ -147,16 +157,16 @@ class ContextCache(StoreSync):
         return check_session_id(session_id)
 
     @staticmethod
-    def _check_turn(role: Any, text: Any, role_name: str = "role", text_name: str = "text") -> tuple[str, str]:
-        """Refuse a non-str or unknown role (by type first) and a non-str or malformed text."""
-        check_str(role, role_name)
-        check_choice(role, role_name, ROLES)
-        check_str(text, text_name)
-        return role, text
+    def _check_turn(role: Any, text: Any = None) -> Turn:
+        """``append``'s turn as a draft: a role and a text, or one message dict in place of the role
+        (text omitted; see :func:`~gpuprompt.context._types.check_turn`)."""
+        if isinstance(role, Mapping) and text is None:
+            return check_turn(role, "message")
+        return _draft(role, text, "role", "text")
 
     @classmethod
-    def _check_turns(cls, turns: Any) -> list[tuple[str, str]]:
-        """Materialise and validate ``extend``'s turns; a bare str or a single dict is refused."""
+    def _check_turns(cls, turns: Any) -> list[Turn]:
+        """Materialise and validate ``extend``'s turns as drafts; a bare str or a single dict is refused."""
         if isinstance(turns, (str, bytes, bytearray, Mapping)) or not isinstance(turns, Iterable):
             raise fail(
                 "turns",
@@ -165,7 +175,7 @@ class ContextCache(StoreSync):
                 fix="For one turn use append(session_id, role, text)." if isinstance(turns, Mapping) else "",
                 error=InputTypeError,
             )
-        return [_pair(turn, i) for i, turn in enumerate(turns)]
+        return [check_turn(turn, f"turns[{i}]") for i, turn in enumerate(turns)]
 
     @staticmethod
     def _check_window_args(
@@ -196,13 +206,14 @@ class ContextCache(StoreSync):
         ]
 
     # ------------------------------------------------------------------ writes
-    def append(self, session_id: str, role: str, text: str) -> Turn:
+    def append(self, session_id: str, role: str | Mapping[str, Any], text: str | None = None) -> Turn:
         """Add one turn to a session (created on first use); embeds the text once.
 
         Args:
             session_id: the session, a non-empty str of at most 1024 characters.
-            role: one of ``"system"``, ``"user"``, ``"assistant"``, ``"tool"`` (a tool result's
-                text; the call it answers is not stored).
+            role: one of ``"system"``, ``"user"``, ``"assistant"``, ``"tool"``; or, with ``text``
+                omitted, one chat message dict as :meth:`extend` takes it (an assistant turn with
+                ``tool_calls``, a tool result with ``tool_call_id``, ``name``, ``status``).
             text: the message, a well-formed str.
 
         Returns:
@@ -214,16 +225,22 @@ class ContextCache(StoreSync):
                 a str holds a lone surrogate. Nothing stored changed.
         """
         self._check_session(session_id)
-        pair = self._check_turn(role, text)
-        vectors = self.embedder.embed_tensor([text])
-        return self._store(session_id, [pair], vectors)[0]
+        draft = self._check_turn(role, text)
+        vectors = self.embedder.embed_tensor([memory_text(draft)])
+        return self._store(session_id, [draft], vectors)[0]
 
-    def extend(self, session_id: str, turns: Iterable[tuple[str, str] | Mapping[str, str]]) -> list[Turn]:
+    def extend(self, session_id: str, turns: Iterable[tuple[str, str] | Mapping[str, Any]]) -> list[Turn]:
         """Add several turns at once (one batched embedding call).
 
         Args:
             session_id: the session, a non-empty str of at most 1024 characters.
-            turns: ``(role, text)`` pairs or ``{"role": ..., "content": ...}`` dicts.
+            turns: ``(role, text)`` pairs or chat message dicts ``{"role": ..., "content": ...}``;
+                a dict may carry, on an assistant turn, ``tool_calls`` (OpenAI tool-call dicts or
+                :class:`~gpuprompt.llm.ToolCall`; ``content`` may then be None) and, on a ``"tool"``
+                turn, ``tool_call_id``, ``name`` and ``status`` (``"success"`` | ``"error"``): they
+                are stored and read back exactly (:meth:`Turn.as_message` gives the dict back).
+                What is embedded and counted for an assistant turn that calls tools is its text
+                plus each call as ``name(arguments)``.
 
         Returns:
             The stored turns, in order (also those that the turn cap dropped at once).
@@ -236,38 +253,38 @@ class ContextCache(StoreSync):
             DimensionMismatchError: the embedder's vectors changed dimension for this session.
         """
         self._check_session(session_id)
-        pairs = self._check_turns(turns)
-        if not pairs:
+        drafts = self._check_turns(turns)
+        if not drafts:
             return []
-        vectors = self.embedder.embed_tensor([text for _, text in pairs])
-        return self._store(session_id, pairs, vectors)
+        vectors = self.embedder.embed_tensor([memory_text(d) for d in drafts])
+        return self._store(session_id, drafts, vectors)
 
-    async def aappend(self, session_id: str, role: str, text: str) -> Turn:
+    async def aappend(self, session_id: str, role: str | Mapping[str, Any], text: str | None = None) -> Turn:
         """Async :meth:`append`: the embedding runs in the batched embedder, off the event loop."""
         self._check_session(session_id)
-        pair = self._check_turn(role, text)
-        vectors = await self.embedder.aembed_tensor([text])
-        return (await asyncio.to_thread(self._store, session_id, [pair], vectors))[0]
+        draft = self._check_turn(role, text)
+        vectors = await self.embedder.aembed_tensor([memory_text(draft)])
+        return (await asyncio.to_thread(self._store, session_id, [draft], vectors))[0]
 
-    async def aextend(self, session_id: str, turns: Iterable[tuple[str, str] | Mapping[str, str]]) -> list[Turn]:
+    async def aextend(self, session_id: str, turns: Iterable[tuple[str, str] | Mapping[str, Any]]) -> list[Turn]:
         """Async :meth:`extend`."""
         self._check_session(session_id)
-        pairs = self._check_turns(turns)
-        if not pairs:
+        drafts = self._check_turns(turns)
+        if not drafts:
             return []
-        vectors = await self.embedder.aembed_tensor([text for _, text in pairs])
-        return await asyncio.to_thread(self._store, session_id, pairs, vectors)
+        vectors = await self.embedder.aembed_tensor([memory_text(d) for d in drafts])
+        return await asyncio.to_thread(self._store, session_id, drafts, vectors)
 
-    def _store(self, session_id: str, pairs: list[tuple[str, str]], vectors: torch.Tensor) -> list[Turn]:
-        """Append validated turns. Rows below a session's current end are never written again.
+    def _store(self, session_id: str, drafts: list[Turn], vectors: torch.Tensor) -> list[Turn]:
+        """Append validated draft turns. Rows below a session's current end are never written again.
 
         Everything that can fail (counting tokens, allocating, copying) happens before the first
         change to stored state.
         """
-        tokens = self._count([text for _, text in pairs])
+        tokens = self._count([memory_text(d) for d in drafts])
         now_wall = time.time()
         if self._session_store is not None:  # the store first: it numbers the turns and acknowledges them
-            return self._write_through(session_id, pairs, tokens, vectors, now_wall)
+            return self._write_through(session_id, drafts, tokens, vectors, now_wall)
         with self._lock:
             self._purge_expired()
             session = self._sessions.get(session_id)
@@ -275,8 +292,8 @@ class ContextCache(StoreSync):
             if session is None:
                 session = Session()
             new = [
-                Turn(role, text, session.next_index + i, now_wall, count)
-                for i, ((role, text), count) in enumerate(zip(pairs, tokens))
+                replace(draft, index=session.next_index + i, created_at=now_wall, tokens=count)
+                for i, (draft, count) in enumerate(zip(drafts, tokens))
             ]
             return self._commit(session_id, session, fresh, new, vectors)
 
@@ -313,6 +330,7 @@ class ContextCache(StoreSync):
             buffer.extend(added)
             session.turns, session.vectors, session.start = buffer, matrix, start
             session.next_index = new[-1].index + 1
+            session.tools = session.tools or any(turn.calls_tools for turn in added)
             self._dropped += dropped
             if fresh:
                 self._sessions[session_id] = session
@@ -389,7 +407,12 @@ class ContextCache(StoreSync):
 
         Returns:
             Turns in chronological order. Under a token budget the least relevant older turns go
-            first, then the oldest recent ones.
+            first, then the oldest recent ones. An assistant turn that calls tools and its tool
+            results count as one unit of as many turns, taken or dropped together (both or
+            neither; its relevance is its best turn's); a unit that does not fit what is left of
+            ``max_turns`` is passed over. A tool result whose call is not in the session (dropped
+            by the turn cap, or never stored) is never returned. In a session that never held a
+            tool call or result every unit is one turn.
 
         Raises:
             InputTypeError: ``session_id`` or ``query`` is not a str.
@@ -430,8 +453,14 @@ class ContextCache(StoreSync):
                 return []
             # The snapshot: references and a range. Rows [start, end) of these objects never change.
             buffer, matrix, start, end = session.turns, session.vectors, session.start, len(session.turns)
+            grouped = session.tools
         turns = buffer[start:end]
         n = len(turns)
+        if grouped:
+            scores = None
+            if query_vector is not None:
+                scores = (matrix[start:end] @ query_vector.to(matrix.device)).tolist()
+            return [turns[i] for i in select_units(turns, tool_units(turns), scores, max_turns, max_tokens, recent)]
         if recent is None:
             recent = max_turns // 2 if query_vector is not None else max_turns
         recent = min(recent, max_turns, n)
@@ -517,15 +546,3 @@ class ContextCache(StoreSync):
                 dropped_turns=self._dropped,
             )
 
-
-def _pair(turn: Any, index: int) -> tuple[str, str]:
-    """Validate one item of ``extend``'s ``turns``: a ``(role, text)`` pair or a message dict."""
-    if isinstance(turn, Mapping):
-        if "role" not in turn or "content" not in turn:
-            raise fail(f"turns[{index}]", "a dict with 'role' and 'content' keys", turn, error=InputTypeError)
-        return ContextCache._check_turn(
-            turn["role"], turn["content"], f"turns[{index}]['role']", f"turns[{index}]['content']"
-        )
-    if isinstance(turn, (tuple, list)) and len(turn) == 2:
-        return ContextCache._check_turn(turn[0], turn[1], f"turns[{index}][0]", f"turns[{index}][1]")
-    raise fail(f"turns[{index}]", "a (role, text) pair or a message dict", turn, error=InputTypeError)

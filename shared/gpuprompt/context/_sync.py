@@ -7,6 +7,7 @@ holding the same rows on the device. Store I/O never runs under the cache's lock
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from gpuprompt.context._types import Session, Turn
@@ -45,7 +46,7 @@ class StoreSync:
         return identity, dim if isinstance(dim, int) and not isinstance(dim, bool) else None
 
     def _write_through(
-        self, session_id: str, pairs: list[tuple[str, str]], tokens: list[int], vectors: torch.Tensor, now_wall: float
+        self, session_id: str, drafts: list[Turn], tokens: list[int], vectors: torch.Tensor, now_wall: float
     ) -> list[Turn]:
         """Append to the store first (the turn is acknowledged once it is there), then to the
         in-process copy: directly when no other writer came between, else by pulling from the store."""
@@ -53,24 +54,26 @@ class StoreSync:
 
         store = self._session_store
         assert store is not None
-        if vectors.ndim != 2 or vectors.shape[0] != len(pairs):
+        if vectors.ndim != 2 or vectors.shape[0] != len(drafts):
             raise DimensionMismatchError(
-                f"the embedder returned vectors of shape {tuple(vectors.shape)} for {len(pairs)} turns; "
+                f"the embedder returned vectors of shape {tuple(vectors.shape)} for {len(drafts)} turns; "
                 "use a gpuprompt.Embedder.",
                 got=int(vectors.shape[-1]) if vectors.ndim else None,
             )
         identity, _ = self._identity()
         array = vectors.detach().to("cpu", torch.float32).numpy().astype("<f4", copy=False)
         records = [
-            TurnRecord(role, text, count, now_wall, array[i].tobytes())
-            for i, ((role, text), count) in enumerate(zip(pairs, tokens))
+            TurnRecord(d.role, d.text, count, now_wall, array[i].tobytes(), tool_calls=d.tool_calls,
+                       tool_call_id=d.tool_call_id, name=d.name, status=d.status)
+            for i, (d, count) in enumerate(zip(drafts, tokens))
         ]
         head = store.append(
             session_id, records, embedder=identity, dim=int(vectors.shape[1]), keep=self.max_turns_per_session
         )
         first = head.next_index - len(records)
         new = [
-            Turn(role, text, first + i, now_wall, count) for i, ((role, text), count) in enumerate(zip(pairs, tokens))
+            replace(d, index=first + i, created_at=now_wall, tokens=count)
+            for i, (d, count) in enumerate(zip(drafts, tokens))
         ]
         with self._lock:
             self._purge_expired()
@@ -141,7 +144,10 @@ class StoreSync:
                 del self._sessions[session_id]
                 session, records, skip = None, part.records, 0
             assert rows_all is not None
-            turns = [Turn(r.role, r.text, r.index, r.created_at, r.tokens) for r in records]
+            turns = [
+                Turn(r.role, r.text, r.index, r.created_at, r.tokens, r.tool_calls, r.tool_call_id, r.name, r.status)
+                for r in records
+            ]
             fresh = session is None
             if session is None:
                 session = Session(epoch=part.head.epoch)

@@ -198,14 +198,14 @@ class RAGPipeline:
     def __repr__(self) -> str:
         return f"<RAGPipeline k={self.k} history_turns={self.history_turns} index={self.index!r}>"
 
-    def messages(self, question: str, hits: Sequence[Hit], history: Sequence[Turn]) -> list[dict[str, str]]:
+    def messages(self, question: str, hits: Sequence[Hit], history: Sequence[Turn]) -> list[dict[str, Any]]:
         """The chat prompt: fixed system instructions, the history, then facts + question.
 
         The retrieved facts go in the last user message (not the system message) so that the
         prefix ``system + history`` stays the same from one turn to the next and the engine's
         prefix cache serves it.
         """
-        messages = [{"role": "system", "content": self.system_prompt}]
+        messages: list[dict[str, Any]] = [{"role": "system", "content": self.system_prompt}]
         messages.extend(turn.as_message() for turn in history)
         messages.append({"role": "user", "content": f"Product facts:\n{format_facts(hits)}\n\nQuestion: {question}"})
         return messages

@@ -14,7 +14,8 @@ from urllib.parse import quote
 
 from gpuprompt.context import MAX_SESSION_ID_LENGTH as _CACHE_KEY_LENGTH
 from gpuprompt.context import ContextCache, Turn
-from gpuprompt.errors import EngineError
+from gpuprompt.errors import EngineError, InvalidInputError
+from gpuprompt.llm import ToolCall
 from gpuprompt.remote._client import SERVICE, RemoteClient, client_for
 from gpuprompt.remote._config import RemoteConfig
 from gpuprompt.validation import INT64_MAX, check_str
@@ -34,6 +35,8 @@ class RemoteContextCache:
 
     Semantics are the server's ContextCache's: a turn is embedded once, on the server, when it is
     appended; ``window`` embeds only the query there and ranks the session's turns against it.
+    Turns carry tool calls and results (``tool_calls``, ``tool_call_id``, ``name``, ``status``)
+    as in process, exactly, and windows keep a call and its results together.
     Token counts are the server embedder's. Checks run here first (the same messages as in
     process), so a refused call sends nothing. Nothing connects until the first call.
 
@@ -105,27 +108,30 @@ class RemoteContextCache:
         return {"query": query, "max_turns": clamp(max_turns), "max_tokens": clamp(max_tokens),
                 "recent": clamp(recent)}
 
-    def _parts(self, session_id: Any, turns: Any) -> tuple[str, list[list[dict[str, str]]]]:
+    def _parts(self, session_id: Any, turns: Any) -> tuple[str, list[list[dict[str, Any]]]]:
         path = self._path(session_id, "/turns")
-        pairs = ContextCache._check_turns(turns)
-        bodies = [
-            [{"role": role, "text": text} for role, text in pairs[i : i + MAX_TURNS_PER_REQUEST]]
-            for i in range(0, len(pairs), MAX_TURNS_PER_REQUEST)
-        ]
+        drafts = [_wire_turn(d) for d in ContextCache._check_turns(turns)]
+        bodies = [drafts[i : i + MAX_TURNS_PER_REQUEST] for i in range(0, len(drafts), MAX_TURNS_PER_REQUEST)]
         return path, bodies
 
     def _read(self, answer: Any, path: str) -> list[Turn]:
         try:
-            return [Turn(t["role"], t["text"], t["index"], t["created_at"], t["tokens"]) for t in answer["data"]]
-        except (KeyError, TypeError) as exc:
+            return [
+                Turn(t["role"], t["text"], t["index"], t["created_at"], t["tokens"],
+                     tuple(ToolCall.from_openai(c) for c in t.get("tool_calls") or ()),
+                     t.get("tool_call_id"), t.get("name"), t.get("status"))
+                for t in answer["data"]
+            ]
+        except (KeyError, TypeError, AttributeError, InvalidInputError) as exc:
             raise EngineError(
                 f"{SERVICE} at {redact(self.client.url(path))} answered turns without role, text, index, "
                 f"created_at and tokens ({str(answer)[:200]!r}); is base_url a gpuprompt serve of this version?"
             ) from exc
 
     # ------------------------------------------------------------------ writes
-    def append(self, session_id: str, role: str, text: str) -> Turn:
-        """Add one turn to a session (created on first use); the server embeds it once.
+    def append(self, session_id: str, role: str | Mapping[str, Any], text: str | None = None) -> Turn:
+        """Add one turn to a session (created on first use); the server embeds it once. ``role``
+        may be one message dict, with ``text`` omitted (as :meth:`ContextCache.append`).
 
         Raises:
             InputTypeError: ``session_id``, ``role`` or ``text`` is not a str.
@@ -134,15 +140,16 @@ class RemoteContextCache:
             EngineError, EngineDeadError, QueueFullError, RequestTimeoutError: the server's
                 answer or the transport's failure (see :mod:`gpuprompt.remote`).
         """
-        ContextCache._check_turn(role, text)
-        return self.extend(session_id, [(role, text)])[0]
+        draft = ContextCache._check_turn(role, text)
+        return self.extend(session_id, [draft.as_message()])[0]
 
-    def extend(self, session_id: str, turns: Iterable[tuple[str, str] | Mapping[str, str]]) -> list[Turn]:
+    def extend(self, session_id: str, turns: Iterable[tuple[str, str] | Mapping[str, Any]]) -> list[Turn]:
         """Add several turns at once (one batched embedding on the server per 2048 turns).
 
         Args:
             session_id: the session, a non-empty str of at most 1022 characters.
-            turns: ``(role, text)`` pairs or ``{"role": ..., "content": ...}`` dicts.
+            turns: ``(role, text)`` pairs or chat message dicts, tool calls and results included
+                (as :meth:`ContextCache.extend`).
 
         Returns:
             The stored turns, in order.
@@ -158,12 +165,12 @@ class RemoteContextCache:
             stored += self._read(self.client.request("POST", path, {"turns": body}, idempotent=False), path)
         return stored
 
-    async def aappend(self, session_id: str, role: str, text: str) -> Turn:
+    async def aappend(self, session_id: str, role: str | Mapping[str, Any], text: str | None = None) -> Turn:
         """Async :meth:`append` (never blocks the caller's loop)."""
-        ContextCache._check_turn(role, text)
-        return (await self.aextend(session_id, [(role, text)]))[0]
+        draft = ContextCache._check_turn(role, text)
+        return (await self.aextend(session_id, [draft.as_message()]))[0]
 
-    async def aextend(self, session_id: str, turns: Iterable[tuple[str, str] | Mapping[str, str]]) -> list[Turn]:
+    async def aextend(self, session_id: str, turns: Iterable[tuple[str, str] | Mapping[str, Any]]) -> list[Turn]:
         """Async :meth:`extend`."""
         path, bodies = self._parts(session_id, turns)
         stored: list[Turn] = []
@@ -248,6 +255,13 @@ class RemoteContextCache:
         """Async :meth:`clear`."""
         path = "/sessions" if session_id is None else self._path(session_id)
         await self.client.arequest("DELETE", path, idempotent=True)
+
+
+def _wire_turn(draft: Turn) -> dict[str, Any]:
+    """A checked turn as ``POST /v1/sessions/{id}/turns`` takes it (``text``, not ``content``)."""
+    body = draft.as_message()
+    body["text"] = body.pop("content")
+    return body
 
 
 def _ids(answer: Any) -> list[str]:

@@ -1,8 +1,9 @@
 """The session-store protocol, its records, and the checks every store shares.
 
-A store keeps each session as an append-only list of :class:`TurnRecord` (text, token count and the
-turn's embedding as float32 bytes) plus a :class:`SessionHead` that names the embedder that made the
-vectors; the store, not the caller, numbers the turns, so several replicas can append to one session.
+A store keeps each session as an append-only list of :class:`TurnRecord` (text, token count, the
+turn's embedding as float32 bytes, and a tool call's or result's fields) plus a :class:`SessionHead`
+that names the embedder that made the vectors; the store, not the caller, numbers the turns, so
+several replicas can append to one session.
 """
 
 from __future__ import annotations
@@ -21,14 +22,18 @@ from gpuprompt.errors import (
     InvalidInputError,
     SnapshotError,
 )
-from gpuprompt.validation import INT64_MAX, check_int, check_number, check_str, fail
+from gpuprompt.llm._tools import MAX_ID, MAX_TOOLS, ToolCall
+from gpuprompt.validation import INT64_MAX, check_choice, check_int, check_number, check_str, fail
 
 __all__ = ["SessionHead", "SessionSlice", "SessionStore", "TurnRecord", "check_store"]
 
 MAX_DIM = 65_536
 """Widest embedding a store accepts (the index's bound)."""
 _FORMAT = 1
-"""First byte of an encoded record; a reader refuses any other value."""
+"""First byte of an encoded record; a reader refuses any other value. The tool fields of a record
+are optional header keys, written only when set: records written before they existed read as turns
+without them, and a turn without them is written exactly as before."""
+_STATUSES = ("success", "error")
 _PREFIX = struct.Struct("<BI")  # format byte, header length
 
 
@@ -37,13 +42,17 @@ class TurnRecord:
     """One stored turn.
 
     Attributes:
-        role: the turn's role (``"system"``, ``"user"`` or ``"assistant"`` for a ContextCache).
+        role: the turn's role (``"system"``, ``"user"``, ``"assistant"`` or ``"tool"`` for a ContextCache).
         text: the message text.
         tokens: the turn's length under the writer's token counter.
         created_at: wall-clock time of the append (``time.time()``).
         embedding: the turn's embedding as little-endian float32 bytes (``dim * 4`` bytes).
         index: the turn's position in its session; the store assigns it on append (the value given
             there is ignored) and sets it on every loaded record.
+        tool_calls: an assistant turn's tool calls.
+        tool_call_id: a tool result's call id (None: not given).
+        name: a tool result's tool name (None: not given).
+        status: a tool result's ``"success"`` or ``"error"`` (None: not given).
     """
 
     role: str
@@ -52,6 +61,10 @@ class TurnRecord:
     created_at: float
     embedding: bytes = field(repr=False)
     index: int = -1
+    tool_calls: tuple[ToolCall, ...] = ()
+    tool_call_id: str | None = None
+    name: str | None = None
+    status: str | None = None
 
 
 @dataclass(frozen=True)
@@ -168,6 +181,7 @@ def check_append(session_id: Any, records: Any, embedder: Any, dim: Any, keep: A
         check_str(record.text, f"records[{i}].text")
         check_int(record.tokens, f"records[{i}].tokens", min=0, max=INT64_MAX)
         check_number(record.created_at, f"records[{i}].created_at")
+        _check_tool_fields(record, f"records[{i}]")
         if not isinstance(record.embedding, bytes):
             raise fail(f"records[{i}].embedding", "float32 bytes", record.embedding, error=InputTypeError)
         if len(record.embedding) != 4 * dim:
@@ -178,6 +192,18 @@ def check_append(session_id: Any, records: Any, embedder: Any, dim: Any, keep: A
                 got=len(record.embedding) // 4,
             )
     return list(records)
+
+
+def _check_tool_fields(record: TurnRecord, name: str) -> None:
+    calls = record.tool_calls
+    if not isinstance(calls, tuple) or not all(isinstance(c, ToolCall) for c in calls):
+        raise fail(f"{name}.tool_calls", "a tuple of gpuprompt.llm.ToolCall", calls, error=InputTypeError)
+    if len(calls) > MAX_TOOLS:
+        raise InvalidInputError(f"'{name}.tool_calls' must hold at most {MAX_TOOLS} calls (got {len(calls)}).")
+    check_str(record.tool_call_id, f"{name}.tool_call_id", allow_none=True, allow_empty=False, max_length=MAX_ID)
+    check_str(record.name, f"{name}.name", allow_none=True, allow_empty=False, max_length=64)
+    if record.status is not None:
+        check_choice(record.status, f"{name}.status", _STATUSES)
 
 
 def mismatch(session_id: str, head: SessionHead, embedder: str, dim: int) -> InvalidInputError | None:
@@ -203,12 +229,18 @@ def mismatch(session_id: str, head: SessionHead, embedder: str, dim: int) -> Inv
 
 def encode_record(record: TurnRecord) -> bytes:
     """One record as bytes: a format byte, the JSON header's length (uint32 LE), the UTF-8 JSON header
-    (role, text, tokens, created_at) and the raw float32 embedding. No pickle; exact floats."""
-    header = json.dumps(
-        {"role": record.role, "text": record.text, "tokens": record.tokens, "created_at": record.created_at},
-        ensure_ascii=False,
-        separators=(",", ":"),
-    ).encode("utf-8")
+    (role, text, tokens, created_at; and, only when set, ``tool_calls`` as ``[{"id", "name",
+    "arguments"}]``, ``tool_call_id``, ``name``, ``status``) and the raw float32 embedding. No
+    pickle; exact floats; a call's arguments kept as the very JSON text given."""
+    fields: dict[str, Any] = {
+        "role": record.role, "text": record.text, "tokens": record.tokens, "created_at": record.created_at
+    }
+    if record.tool_calls:
+        fields["tool_calls"] = [{"id": c.id, "name": c.name, "arguments": c.arguments} for c in record.tool_calls]
+    for key in ("tool_call_id", "name", "status"):
+        if getattr(record, key) is not None:
+            fields[key] = getattr(record, key)
+    header = json.dumps(fields, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
     return _PREFIX.pack(_FORMAT, len(header)) + header + record.embedding
 
 
@@ -234,11 +266,30 @@ def decode_record(data: bytes, index: int, dim: int) -> TurnRecord:
             and isinstance(created_at, (int, float))
             and math.isfinite(created_at)
         )
-    except (struct.error, UnicodeDecodeError, ValueError, KeyError, TypeError, OverflowError):
+        tools = _tool_fields(header) if ok else {}
+    except (struct.error, UnicodeDecodeError, ValueError, KeyError, TypeError, OverflowError, AttributeError,
+            InvalidInputError):
         ok = False
     if not ok:
         raise SnapshotError(
             f"stored turn {index} is not a gpuprompt session record of format {_FORMAT} with a {dim}-d "
             f"embedding ({len(data)} bytes); the store holds foreign or damaged data under this prefix."
         )
-    return TurnRecord(role, text, tokens, float(created_at), embedding, index)
+    return TurnRecord(role, text, tokens, float(created_at), embedding, index, **tools)
+
+
+def _tool_fields(header: dict[str, Any]) -> dict[str, Any]:
+    """The optional tool fields of a decoded header (absent in records written before them), checked
+    as on append; anything malformed raises (the caller reports a damaged record)."""
+    fields: dict[str, Any] = {}
+    calls = header.get("tool_calls")
+    if calls is not None:
+        if not isinstance(calls, list):
+            raise TypeError("tool_calls")
+        fields["tool_calls"] = tuple(ToolCall(c["id"], c["name"], c["arguments"]) for c in calls)
+    for key in ("tool_call_id", "name", "status"):
+        if header.get(key) is not None:
+            fields[key] = header[key]
+    probe = TurnRecord("tool", "", 0, 0.0, b"", **fields)
+    _check_tool_fields(probe, "record")
+    return fields

@@ -10,6 +10,11 @@ Routes (behind the server's API key, like every ``/v1`` route)::
     GET    /v1/sessions                       the session ids, least recently used first
     DELETE /v1/sessions                       forget every session of these routes (collection chats stay)
 
+A turn may carry a tool call's fields as the core's :class:`~gpuprompt.context.Turn` does: an
+assistant turn its ``tool_calls`` (OpenAI's shape), a ``"tool"`` turn (a tool's result) its
+``tool_call_id``, ``name`` and ``status``; they are stored and returned exactly, and windows keep a
+call and its results together.
+
 ``session_id`` is one percent-encoded path segment (``/`` inside it travels as ``%2F``); any id of
 1 to :data:`MAX_SESSION_ID_LENGTH` well-formed characters is accepted.
 
@@ -25,15 +30,16 @@ from __future__ import annotations
 
 import asyncio
 import json
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from fastapi import APIRouter
 from fastapi.responses import Response
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, model_validator
 
 from gpuprompt.context import MAX_SESSION_ID_LENGTH as _CACHE_KEY_LENGTH
 from gpuprompt.server._http import json_response
 from gpuprompt.server.schemas.base import Text, _int, _Strict
+from gpuprompt.server.schemas.chat import MAX_TOOLS, ToolCallIn, ToolCallOut
 from gpuprompt.server.state import State
 from gpuprompt.validation import INT64_MAX, check_str
 from gpuprompt.wire import MAX_TURNS_PER_REQUEST
@@ -80,9 +86,39 @@ class TurnIn(_Strict):
     """One turn to append."""
 
     role: Literal["system", "user", "assistant", "tool"]
-    """Who said it (the core's roles; a ``"tool"`` turn is a tool result's text)."""
+    """Who said it (the core's roles; a ``"tool"`` turn is a tool's result)."""
     text: Text
-    """The message text."""
+    """The message text (``""`` for an assistant turn that only calls tools)."""
+    tool_calls: list[ToolCallIn] | None = Field(None, max_length=MAX_TOOLS)
+    """An assistant turn's tool calls, in OpenAI's shape (``{"id", "type": "function", "function":
+    {"name", "arguments"}}``)."""
+    tool_call_id: Annotated[Text, Field(min_length=1, max_length=256)] | None = None
+    """A tool turn: the id of the call it is the result of."""
+    name: Annotated[Text, Field(min_length=1, max_length=64)] | None = None
+    """A tool turn: the tool's name."""
+    status: Literal["success", "error"] | None = None
+    """A tool turn: whether the tool succeeded (LangChain's ``ToolMessage.status``)."""
+
+    @model_validator(mode="after")
+    def _roles(self) -> TurnIn:
+        if self.tool_calls and self.role != "assistant":
+            raise ValueError(f"only an 'assistant' turn may hold 'tool_calls' (got role {self.role!r})")
+        if self.role != "tool":
+            for key in ("tool_call_id", "name", "status"):
+                if getattr(self, key) is not None:
+                    raise ValueError(f"'{key}' belongs to a 'tool' turn (a tool's result), not a {self.role!r} one")
+        return self
+
+    def core(self) -> dict[str, Any]:
+        """The turn as the message dict ``ContextCache.extend`` takes (the core checks the rest:
+        tool names, arguments as JSON text of an object)."""
+        turn: dict[str, Any] = {"role": self.role, "content": self.text}
+        if self.tool_calls:
+            turn["tool_calls"] = [call.core() for call in self.tool_calls]
+        for key in ("tool_call_id", "name", "status"):
+            if getattr(self, key) is not None:
+                turn[key] = getattr(self, key)
+        return turn
 
 
 class AppendTurnsRequest(_Strict):
@@ -116,6 +152,21 @@ class TurnModel(BaseModel):
     """When it was appended (Unix seconds)."""
     tokens: int
     """Its length under the server's token counter."""
+    tool_calls: list[ToolCallOut] | None = Field(None, exclude_if=lambda v: v is None)
+    """An assistant turn's tool calls (absent when it has none)."""
+    tool_call_id: str | None = Field(None, exclude_if=lambda v: v is None)
+    """A tool turn's call id (absent when not set)."""
+    name: str | None = Field(None, exclude_if=lambda v: v is None)
+    """A tool turn's tool name (absent when not set)."""
+    status: str | None = Field(None, exclude_if=lambda v: v is None)
+    """A tool turn's ``"success"`` or ``"error"`` (absent when not set)."""
+
+    @classmethod
+    def of(cls, turn: Turn) -> TurnModel:
+        """The model of a core turn."""
+        calls = [ToolCallOut(id=c.id, function={"name": c.name, "arguments": c.arguments}) for c in turn.tool_calls]
+        return cls(role=turn.role, text=turn.text, index=turn.index, created_at=turn.created_at, tokens=turn.tokens,
+                   tool_calls=calls or None, tool_call_id=turn.tool_call_id, name=turn.name, status=turn.status)
 
 
 class TurnList(BaseModel):
@@ -139,8 +190,7 @@ def _turns(session_id: str, turns: list[Turn]) -> Response:
     return json_response(
         TurnList(
             session_id=session_id,
-            data=[TurnModel(role=t.role, text=t.text, index=t.index, created_at=t.created_at, tokens=t.tokens)
-                  for t in turns],
+            data=[TurnModel.of(t) for t in turns],
         )
     )
 
@@ -157,7 +207,7 @@ async def append_turns(server: State, session_id: str, body: AppendTurnsRequest)
     """Append turns to a session (created on first use); each text is embedded once, batched
     with every concurrent request."""
     key = session_key(session_id)
-    stored = await server.memory.aextend(key, [(t.role, t.text) for t in body.turns])
+    stored = await server.memory.aextend(key, [t.core() for t in body.turns])
     return _turns(session_id, stored)
 
 @router.get("/v1/sessions/{session_id:path}/turns", response_model=TurnList, tags=["sessions"])
