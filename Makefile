@@ -3,7 +3,7 @@ export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 PY := .venv/bin/python
 
-.PHONY: venv demo test fuzz bench load wheel
+.PHONY: venv demo test fuzz bench load wheel lowcode-e2e
 venv:
 	@bash scripts/bootstrap.sh
 
@@ -24,6 +24,12 @@ bench: venv
 # Options: make load LOAD_USERS=32 LOAD_TIME=60s LOAD_BACKEND=auto|vllm|transformers
 load: venv
 	$(PY) examples/locustfile.py --users $(or $(LOAD_USERS),32) --run-time $(or $(LOAD_TIME),60s) --backend $(or $(LOAD_BACKEND),auto)
+
+# Flowise itself against the server, on loopback: installs Flowise 3.1.4 from npm into
+# ~/.cache/gpuprompt/flowise-3.1.4 the first time (~3 GB, minutes), then builds and checks four flows
+# through its REST API. Not part of `make test`. See README, *Low-code builders*.
+lowcode-e2e: venv
+	bash scripts/lowcode_e2e.sh
 
 # The wheel a pip user installs, built offline with the hatchling of .venv (dev group) into dist/.
 wheel: venv

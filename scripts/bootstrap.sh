@@ -13,6 +13,24 @@ LLM_EXTRA="${GPUPROMPT_LLM_EXTRA:-cpu}"
 # installed only beside the other extras.
 if [ "$LLM_EXTRA" = "gpu" ]; then DEFAULT_FAISS=""; else DEFAULT_FAISS="faiss-cpu>=1.8"; fi
 FAISS_SPEC="${GPUPROMPT_FAISS-$DEFAULT_FAISS}"
+# The JavaScript client test's packages (tests/server/js: @langchain/openai and its dependencies),
+# `npm ci` from the committed lockfile, again only when the lockfile changes. Without npm that test
+# skips and says why.
+js_packages() {
+  local dir=tests/server/js want
+  if ! command -v npm >/dev/null; then
+    echo "bootstrap: npm is not installed: tests/server/test_js_client.py will skip" >&2
+    return 0
+  fi
+  want=$(sha256sum "$dir/package-lock.json" | cut -c1-16)
+  if [ -f "$dir/node_modules/.gpuprompt-lock" ] && [ "$(cat "$dir/node_modules/.gpuprompt-lock")" = "$want" ]; then
+    return 0
+  fi
+  (cd "$dir" && npm ci --no-audit --no-fund --loglevel=error)
+  echo "$want" > "$dir/node_modules/.gpuprompt-lock"
+}
+js_packages
+
 STAMP=.venv/.gpuprompt-installed
 RECIPE=$(cat pyproject.toml scripts/bootstrap.sh | sha256sum | cut -c1-16)-$TORCH_SPEC-$LLM_EXTRA-$FAISS_SPEC
 
