@@ -22,7 +22,9 @@ def _bench(args: argparse.Namespace) -> int:
         return 0
     if args.scenario == ["all"]:
         # gpu-smoke only says something on a CUDA machine; elsewhere it is left out of "all".
-        names = [n for n in sorted(table) if n != "gpu-smoke" or _has_cuda()]
+        # embed-peer installs a peer server (infinity-emb, ~1.6 GB, minutes) the first time: it runs
+        # when named (`gpuprompt bench embed-peer`), never as a side effect of "all".
+        names = [n for n in sorted(table) if (n != "gpu-smoke" or _has_cuda()) and n != "embed-peer"]
     else:
         names = list(dict.fromkeys(args.scenario))
     unknown = [n for n in names if n not in table]

@@ -85,7 +85,8 @@ class Collection:
 
     name: str
     index: IndexLike
-    rag: RAGPipeline
+    rag: RAGPipeline | None
+    """Answers its chat; None on a server with no chat model (``--chat-model none``)."""
     log: CollectionLog | None = None
     """Where its writes are logged before they are applied (None: not persisted by this server)."""
     writers: asyncio.Lock = field(default_factory=asyncio.Lock, repr=False)

@@ -71,7 +71,8 @@ class Collections:
 
     Args:
         embedder: embeds documents and questions.
-        llm: answers collection chat.
+        llm: answers collection chat (None: the server serves no chat model, and a collection has no
+            RAG pipeline).
         memory: the shared conversation memory.
         device: the device of new indexes.
         rag_k: documents retrieved per question.
@@ -94,7 +95,7 @@ class Collections:
         self,
         *,
         embedder: Embedder,
-        llm: LLMEngine,
+        llm: LLMEngine | None,
         memory: ContextCache,
         device: str,
         rag_k: int,
@@ -273,9 +274,11 @@ class Collections:
 
         return VectorIndex(self._embedder.dim, metric="cosine", device=self._device)
 
-    def _rag(self, index: IndexLike) -> RAGPipeline:
+    def _rag(self, index: IndexLike) -> RAGPipeline | None:
         from gpuprompt.rag import RAGPipeline
 
+        if self._llm is None:  # --chat-model none: search and records only
+            return None
         return RAGPipeline(
             index, self._llm, embedder=self._embedder, memory=self.memory, k=self._rag_k, max_tokens=self._max_tokens,
             reranker=self._reranker, fetch_k=self._rag_fetch_k,

@@ -9,12 +9,14 @@ from typing import Any, Literal
 
 from gpuprompt.errors import ConfigurationError, describe
 
-__all__ = ["API_KEY_ENV", "LLM_API_KEY_ENV", "ServerConfig"]
+__all__ = ["API_KEY_ENV", "LLM_API_KEY_ENV", "NO_MODEL", "ServerConfig"]
 
 API_KEY_ENV = "GPUPROMPT_API_KEY"
 """The environment variable read for the API key when none is passed."""
 LLM_API_KEY_ENV = "GPUPROMPT_LLM_API_KEY"
 """The environment variable read for ``llm_url``'s key when none is passed."""
+NO_MODEL = "none"
+"""The ``chat_model`` (``--chat-model none``) of a server that loads no chat model."""
 
 
 def _int(name: str, value: Any, minimum: int) -> None:
@@ -34,7 +36,9 @@ class ServerConfig:
             ``Retry-After`` (the core's own bounded queues also answer 429 when full).
         retry_after_s: the ``Retry-After`` seconds sent with 429.
         embedding_model: the embedder to load (None: the bundled all-MiniLM-L6-v2).
-        chat_model: the chat model to load (None: the bundled SmolLM2-135M-Instruct).
+        chat_model: the chat model to load (None: the bundled SmolLM2-135M-Instruct); ``"none"``
+            loads no chat model and starts no LLM engine (an embeddings / rerank server): the chat,
+            completion and collection chat routes then answer 404 naming ``--chat-model``.
         llm_backend: ``"auto"``, ``"vllm"`` or ``"transformers"`` (see :class:`~gpuprompt.llm.LLMConfig`).
         device: ``"auto"``, ``"cpu"``, ``"cuda"``, ``"cuda:N"`` or ``"mps"`` for both models.
         embed_quantize: None (full precision), ``"int8"`` (int8 embedder forward pass on CPU) or
@@ -143,6 +147,12 @@ class ServerConfig:
             raise ConfigurationError(
                 f"'llm_backend' must be 'auto', 'vllm', 'transformers' or 'remote' (got {describe(self.llm_backend)})."
             )
+        if not self.serves_chat and (self.llm_url is not None or self.llm_backend == "remote"):
+            raise ConfigurationError(
+                f"chat_model={self.chat_model!r} serves no chat model, but llm_url={self.llm_url!r} / "
+                f"llm_backend={self.llm_backend!r} front one: drop --llm-url and --llm-backend remote, or name the "
+                "fleet's chat model (its tokenizer) with --chat-model."
+            )
         if self.llm_url is not None and self.llm_backend not in ("auto", "remote"):
             raise ConfigurationError(
                 f"'llm_url' fronts a remote LLM server, so 'llm_backend' must be 'auto' or 'remote' "
@@ -181,6 +191,11 @@ class ServerConfig:
         for name in ("strict_model_names", "preload", "accept_token_ids"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigurationError(f"'{name}' must be a bool (got {describe(getattr(self, name))}).")
+
+    @property
+    def serves_chat(self) -> bool:
+        """False for ``chat_model="none"``: no chat model, no LLM engine."""
+        return not (isinstance(self.chat_model, str) and self.chat_model.strip().lower() == NO_MODEL)
 
     def replace(self, **changes: Any) -> ServerConfig:
         """A copy with some fields changed."""

@@ -49,9 +49,9 @@ def serve(
 ) -> int:
     """Serve the OpenAI-compatible API until SIGTERM / SIGINT.
 
-    Both models load before the port opens. On SIGTERM the server stops accepting connections,
-    lets in-flight requests (streams included) finish for up to ``graceful_timeout_s``, closes
-    the models and returns 0.
+    The models load before the port opens (no chat model with ``chat_model="none"``). On SIGTERM
+    the server stops accepting connections, lets in-flight requests (streams included) finish for
+    up to ``graceful_timeout_s``, closes the models and returns 0.
 
     Args:
         host: the address to bind (``0.0.0.0`` for every interface).
@@ -61,7 +61,8 @@ def serve(
         llm_backend: ``"auto"`` (vLLM when available, else transformers), ``"vllm"`` or
             ``"transformers"``.
         embedding_model: the embedder (None: the bundled all-MiniLM-L6-v2).
-        chat_model: the chat model (None: the bundled SmolLM2-135M-Instruct).
+        chat_model: the chat model (None: the bundled SmolLM2-135M-Instruct); ``"none"`` loads no
+            chat model and starts no LLM engine (embeddings / rerank only; chat routes answer 404).
         device: ``"auto"``, ``"cpu"``, ``"cuda"``, ``"cuda:N"`` or ``"mps"``.
         embed_quantize: None, ``"int8"`` or ``"auto"``: the embedder's ``quantize``.
         max_body_bytes: the largest request body (413 beyond).

@@ -40,7 +40,8 @@ class ServeSettings(BaseSettings):
                                       "(unset: 2048); with --llm-url, the fleet's")
     llm_api_key: str | None = Field(None, min_length=1, description="key sent to --llm-url (unset: none)")
     chat_model: str | None = Field(None, min_length=1, description="local folder, .gguf file or hub id "
-                                   "(default: bundled SmolLM2-135M-Instruct)")
+                                   "(default: bundled SmolLM2-135M-Instruct); none: no chat model and no LLM "
+                                   "engine (an embeddings / rerank server; chat routes answer 404)")
     embedding_model: str | None = Field(None, min_length=1, description="local folder or hub id "
                                         "(default: bundled all-MiniLM-L6-v2)")
     device: str = Field("auto", min_length=1, description="auto (cuda > mps > cpu), cpu, cuda, cuda:N or mps")

@@ -55,7 +55,8 @@ def create_app(
     Args:
         config: a full :class:`ServerConfig` (then pass no other option).
         embedder: the embedder to serve (default: the runtime's shared one for the config).
-        llm: the engine to serve (default: the runtime's shared one for the config).
+        llm: the engine to serve (default: the runtime's shared one for the config; none with
+            ``chat_model="none"``).
         memory: the conversation memory of collection chat (default: a new ContextCache).
         reranker: the reranker of ``/v1/rerank`` and collection chat (default: the runtime's for
             ``rerank_model``, or none).
@@ -98,7 +99,8 @@ def create_app(
                     logger.info("collections in %s: %s", config.vector_uri, found or "none yet")
                 if config.preload:
                     await server.embedder.aload()
-                    await server.llm.aload()
+                    if server.llm is not None:  # --chat-model none: no engine at all
+                        await server.llm.aload()
                     if server.reranker is not None:
                         await server.reranker.aload()
                     server.loaded = True
@@ -107,7 +109,8 @@ def create_app(
                     found = await asyncio.to_thread(collections.restore)
                     logger.info("collections in %s: %s", config.data_dir, found or "none yet")
                 logger.info(
-                    "serving chat model %s and embedding model %s", server.llm.model_name, server.embedder.model_id
+                    "serving chat model %s and embedding model %s",
+                    server.llm.model_name if server.llm is not None else "none", server.embedder.model_id,
                 )
             except GPUPromptError as exc:  # a typed refusal to start: `gpuprompt serve` says it in one line
                 app.state.startup_error = exc

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 from fastapi import Depends, Request
 
 from gpuprompt.answer_cache import DEFAULT_MAX_ENTRIES, DEFAULT_TTL_SECONDS
+from gpuprompt.errors import ConfigurationError
 from gpuprompt.server._collections import Collections
 from gpuprompt.server._config import ServerConfig
 from gpuprompt.server._metrics import Metrics
@@ -34,7 +35,8 @@ class ServerState:
     Args:
         config: the server's settings.
         embedder: the embedder to serve (default: the runtime's shared one for the config).
-        llm: the engine to serve (default: the runtime's shared one for the config).
+        llm: the engine to serve (default: the runtime's shared one for the config; none when the
+            config's ``chat_model`` is ``"none"``).
         memory: the conversation memory of collection chat and the sessions routes (default: a
             new ContextCache, in Redis with ``config.redis_url``).
         reranker: the reranker of ``/v1/rerank`` (default: the runtime's for ``config.rerank_model``,
@@ -56,7 +58,12 @@ class ServerState:
         if embedder is None:
             options = {} if config.embed_quantize is None else {"quantize": config.embed_quantize}
             embedder = runtime.embedder(config.embedding_model, device=config.device, **options)
-        if llm is None:
+        if not config.serves_chat and llm is not None:
+            raise ConfigurationError(
+                f"chat_model={config.chat_model!r} serves no chat model, but an engine was passed as 'llm' "
+                f"({llm!r}); pass no llm, or leave chat_model unset."
+            )
+        if llm is None and config.serves_chat:
             llm = runtime.llm(config.chat_model, **config.llm_options())
         if reranker is None and config.rerank_model is not None:
             reranker = runtime.reranker(config.rerank_model, **config.rerank_options())
@@ -70,7 +77,8 @@ class ServerState:
                 store = RedisStore(config.redis_url, ttl_s=config.session_ttl_s)
             memory = ContextCache(embedder, store=store)  # this app's own sessions
         self.embedder = embedder
-        self.llm = llm
+        self.llm: LLMEngine | None = llm
+        """The chat engine, or None for ``--chat-model none`` (see :meth:`require_llm`)."""
         self.memory = memory
         self.reranker = reranker
         self.collections = Collections(
@@ -98,6 +106,20 @@ class ServerState:
         )
         self.started = time.time()
         self.loaded = False
+
+    def require_llm(self) -> LLMEngine:
+        """The chat engine; a 404 naming ``--chat-model`` when the server serves none."""
+        if self.llm is None:
+            raise ApiError(
+                404,
+                f"this server serves no chat model (started with --chat-model {self.config.chat_model}): it answers "
+                "embeddings, rerank, collection search and sessions only; restart it without --chat-model none "
+                "(the bundled SmolLM2-135M-Instruct) or with --chat-model NAME to serve chat, completions and "
+                "collection chat.",
+                param="model",
+                code="model_not_found",
+            )
+        return self.llm
 
     def check_model(self, requested: str | None, served: str, kind: str) -> None:
         """Refuse a ``model`` that names neither served model (unless the config allows any)."""

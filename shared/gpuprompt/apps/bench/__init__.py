@@ -29,6 +29,7 @@ logger = logging.getLogger(__name__)
 _MODULES = [
     "gpuprompt.apps.bench.embed",
     "gpuprompt.apps.bench.embed_quant",
+    "gpuprompt.apps.bench.embed_peer",
     "gpuprompt.apps.bench.gpu",
     "gpuprompt.apps.bench.search",
     "gpuprompt.apps.bench.llm",

@@ -179,8 +179,10 @@ async def query(server: State, body: QueryRequest, name: str = NAME) -> Response
 @router.post("/v1/collections/{name}/chat", response_model=CollectionChatResponse, tags=["collections"])
 async def collection_chat(server: State, body: CollectionChatRequest, request: Request, name: str = NAME) -> Response:
     """One RAG turn: retrieve from the collection, add the session's history, generate, remember."""
+    llm = server.require_llm()  # 404 naming --chat-model on a server with none
     collection = server.collections.get(name)
     _check_filter(body.filter)
+    assert collection.rag is not None  # a server with a chat model gives every collection a pipeline
     try:
         outcome = await until_disconnect(
             request,
@@ -202,7 +204,7 @@ async def collection_chat(server: State, body: CollectionChatRequest, request: R
         CollectionChatResponse(
             id=f"ragchat-{uuid.uuid4().hex}",
             created=int(time.time()),
-            model=server.llm.model_name,
+            model=llm.model_name,
             collection=name,
             session_id=body.session_id,
             answer=answer.answer,

@@ -170,14 +170,15 @@ async def chat_completions(server: State, body: ChatCompletionRequest, request: 
 
     A client that disconnects cancels its generation inside the engine.
     """
-    server.check_model(body.model, server.llm.model_name, "chat")
+    llm = server.require_llm()  # 404 naming --chat-model on a server with none
+    server.check_model(body.model, llm.model_name, "chat")
     completion_id = f"chatcmpl-{uuid.uuid4().hex}"
     session_id = session_of(request)
     requests = [chat_request(server, body, completion_id, i, session_id) for i in range(body.n)]
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
     if body.stream:
         return await _stream(server, request, requests[0], completion_id, include_usage, _chat_chunks)
-    outcome = await until_disconnect(request, all_or_none([server.llm.agenerate(r) for r in requests]))
+    outcome = await until_disconnect(request, all_or_none([llm.agenerate(r) for r in requests]))
     if isinstance(outcome, Response):
         return outcome
     results: list[GenerationResult] = list(outcome)
@@ -200,7 +201,8 @@ async def completions(server: State, body: CompletionRequest, request: Request) 
     ``echo`` puts the prompt before the continuation; ``stream: true`` answers with server-sent
     events ending in ``[DONE]`` (one prompt per streamed request).
     """
-    server.check_model(body.model, server.llm.model_name, "chat")
+    llm = server.require_llm()  # 404 naming --chat-model on a server with none
+    server.check_model(body.model, llm.model_name, "chat")
     completion_id = f"cmpl-{uuid.uuid4().hex}"
     requests = completion_requests(server, body, completion_id, session_of(request))
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
@@ -212,7 +214,7 @@ async def completions(server: State, body: CompletionRequest, request: Request) 
         except ContextLengthError as exc:
             raise _prompt_field(exc) from exc
     try:
-        outcome = await until_disconnect(request, all_or_none([server.llm.agenerate(r) for r in requests]))
+        outcome = await until_disconnect(request, all_or_none([llm.agenerate(r) for r in requests]))
     except ContextLengthError as exc:
         raise _prompt_field(exc) from exc
     if isinstance(outcome, Response):
@@ -307,7 +309,8 @@ async def _stream(
     chat = chunks is _chat_chunks
     route = "chat_stream" if chat else "completion_stream"
     started = time.perf_counter()
-    stream = server.llm.astream(request)
+    llm = server.require_llm()
+    stream = llm.astream(request)
     try:
         first = await until_disconnect(http_request, stream.__anext__())
     except StopAsyncIteration:  # pragma: no cover - the engine always ends with a final delta
@@ -323,7 +326,7 @@ async def _stream(
         "id": completion_id,
         "object": "chat.completion.chunk" if chat else "text_completion",
         "created": int(time.time()),
-        "model": server.llm.model_name,
+        "model": llm.model_name,
     }
 
     def event(choices: list[dict[str, Any]]) -> str:

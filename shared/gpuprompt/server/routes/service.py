@@ -21,8 +21,10 @@ router = APIRouter()
 
 
 def _served(server: ServerState) -> list[str]:
-    """The served models' ids: the chat model, the embedding model, then the rerank model."""
-    models = [server.llm.model_name, server.embedder.model_id]
+    """The served models' ids: the chat model (none with ``--chat-model none``), the embedding model,
+    then the rerank model."""
+    models = [] if server.llm is None else [server.llm.model_name]
+    models.append(server.embedder.model_id)
     if server.reranker is not None:
         models.append(server.reranker.model_id)
     return models
@@ -30,19 +32,27 @@ def _served(server: ServerState) -> list[str]:
 
 @router.get("/health", response_model=HealthResponse, tags=["service"])
 async def health(server: State) -> Response:
-    """Liveness and what is served (no API key needed)."""
-    # backend_name loads the engine: only ask once it is loaded (it is after a preload).
-    backend = server.llm.backend_name if server.loaded else f"{server.config.llm_backend} (not loaded)"
+    """Liveness and what is served (no API key needed); ``chat_model`` is null on a server started
+    with ``--chat-model none``."""
+    llm = server.llm
+    if llm is not None:
+        # backend_name loads the engine: only ask once it is loaded (it is after a preload).
+        backend = llm.backend_name if server.loaded else f"{server.config.llm_backend} (not loaded)"
+        device = llm.device
+    else:
+        from gpuprompt.device import resolve_device
+
+        backend, device = None, resolve_device(server.config.device)
     return json_response(
         HealthResponse(
-            chat_model=server.llm.model_name,
+            chat_model=llm.model_name if llm is not None else None,
             embedding_model=server.embedder.model_id,
             embedder_identity=server.embedder.identity if server.loaded else None,
             rerank_model=server.reranker.model_id if server.reranker is not None else None,
             llm_backend=backend,
-            device=server.llm.device,
+            device=device,
             collections=len(server.collections),
-            in_flight=server.llm.stats().in_flight,
+            in_flight=llm.stats().in_flight if llm is not None else 0,
             uptime_s=round(time.time() - server.started, 3),
         )
     )
@@ -56,7 +66,7 @@ async def prometheus(server: State) -> Response:
 
 @router.get("/v1/models", response_model=ModelList, tags=["openai"])
 async def models(server: State) -> Response:
-    """The served models: chat, embedding (and rerank, when one is loaded)."""
+    """The served models: chat (unless ``--chat-model none``), embedding (and rerank, when one is loaded)."""
     created = int(server.started)
     return json_response(ModelList(data=[ModelCard(id=model, created=created) for model in _served(server)]))
 

@@ -29,7 +29,8 @@ class ModelList(BaseModel):
 
     object: Literal["list"] = "list"
     data: list[ModelCard]
-    """The served models: the chat model, then the embedding model."""
+    """The served models: the chat model (none with ``--chat-model none``), the embedding model, then
+    the rerank model (when one is served)."""
 
 
 # ---------------------------------------------------------------------- embeddings
@@ -81,14 +82,16 @@ class HealthResponse(BaseModel):
     """``GET /health``."""
 
     status: Literal["ok"] = "ok"
-    chat_model: str
+    chat_model: str | None
+    """The served chat model, or None for a server started with ``--chat-model none`` (no LLM engine)."""
     embedding_model: str
     embedder_identity: str | None = None
     """The identity an index records for this server's vectors (model, ``;int8`` when quantised);
     None until the embedder has loaded."""
     rerank_model: str | None = None
     """The served rerank model (``--rerank-model``), or None when the server reranks nothing."""
-    llm_backend: str
+    llm_backend: str | None
+    """The chat engine's backend (``vllm``, ``transformers``, ``remote``); None without a chat model."""
     device: str
     collections: int
     in_flight: int
