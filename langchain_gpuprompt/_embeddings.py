@@ -280,6 +280,15 @@ class GPUPromptEmbeddings(BaseModel, Embeddings):
         """Async :meth:`embed_tensor`."""
         return await (await self._aembedder()).aembed_tensor(self._documents(texts))
 
+    def embed_query_tensor(self, texts: list[str]) -> torch.Tensor:
+        """Embed query ``texts`` (query prefix applied, as :meth:`embed_query`) and keep the result
+        on the device: a ``(n, dim)`` float32 tensor."""
+        return self.embedder.embed_tensor(self._queries(texts))
+
+    async def aembed_query_tensor(self, texts: list[str]) -> torch.Tensor:
+        """Async :meth:`embed_query_tensor`."""
+        return await (await self._aembedder()).aembed_tensor(self._queries(texts))
+
     async def _aembedder(self) -> EmbedderLike:
         if self._embedder is None:
             # The first lookup resolves the device, which imports torch: keep that off the loop.
@@ -297,6 +306,13 @@ class GPUPromptEmbeddings(BaseModel, Embeddings):
     def _query(self, text: str) -> list[str]:
         _check_text(text)
         return [self._query_prefix + text]
+
+    def _queries(self, texts: list[str]) -> list[str]:
+        if not self._query_prefix:
+            return texts  # the core validates the list and names a bad item
+        from gpuprompt.embed import validate_texts
+
+        return [self._query_prefix + text for text in validate_texts(texts)]
 
     # ------------------------------------------------------------------ LangChain API
     def embed_documents(self, texts: list[str]) -> list[list[float]]:

@@ -55,6 +55,21 @@ class HybridStoreMixin:
     def _text_index(self) -> Any:  # pragma: no cover - provided by the store
         raise NotImplementedError
 
+    @property
+    def _device_embeddings(self) -> Any:  # pragma: no cover - provided by the store
+        raise NotImplementedError
+
+    def _query_embedder(self) -> Any:
+        """The function that embeds query texts, for the index to call in its search batch (one
+        queue for the embedding and the search of concurrent callers), or None to embed here first
+        (embeddings other than gpuprompt's, or no index yet)."""
+        from gpuprompt.index import VectorIndex
+
+        device = self._device_embeddings
+        if device is None or not isinstance(self._index, VectorIndex):
+            return None
+        return device.embed_query_tensor  # a bound method: equal between calls, so the index batches them
+
     def _lexical_index(self) -> Any:
         index = self._index
         if index is not None and not callable(getattr(index, "lexical_search", None)):
@@ -118,6 +133,8 @@ class HybridStoreMixin:
         fetch ``fetch_k`` candidates under the same filter. Fusion: reciprocal rank (the default,
         ``rrf_k=60``, no tuning: as ``EnsembleRetriever`` fuses), or with ``alpha`` weighted
         normalised scores, ``alpha`` in LlamaIndex's meaning (1 dense only, 0 lexical only).
+        With gpuprompt embeddings over a ``VectorIndex``, the query is embedded (with the query
+        instruction) in the index's search batch, together with the queries of concurrent callers.
 
         Args:
             query: the query text.
@@ -136,6 +153,10 @@ class HybridStoreMixin:
         if served is not None:
             self.embedding.embedder.load()  # type: ignore[attr-defined]
             return _scored(served.search_text([query], k, filter, mode="hybrid", **kwargs)[0])
+        embed = self._query_embedder()
+        if embed is not None:
+            self.embedding.embedder.load()  # type: ignore[attr-defined]  # here, not on the index's search thread
+            return _scored(self._index.hybrid_search(embed, [query], k, filter, **kwargs)[0])
         vectors = self.embed_query_matrix(query)
         index = self.ensure_index(int(vectors.shape[1]))
         self._lexical_index()
@@ -151,6 +172,10 @@ class HybridStoreMixin:
         if served is not None:
             await self.embedding.embedder.aload()  # type: ignore[attr-defined]
             return _scored((await served.asearch_text([query], k, filter, mode="hybrid", **kwargs))[0])
+        embed = self._query_embedder()
+        if embed is not None:
+            await self.embedding.embedder.aload()  # type: ignore[attr-defined]  # the model loads off the loop
+            return _scored((await self._index.ahybrid_search(embed, [query], k, filter, **kwargs))[0])
         vectors = await self.aembed_query_matrix(query)
         index = self.ensure_index(int(vectors.shape[1]))
         self._lexical_index()

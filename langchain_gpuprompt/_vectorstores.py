@@ -238,11 +238,12 @@ class GPUPromptVectorStore(HybridStoreMixin, VectorStore):
         return check_real_matrix(await self.embedding.aembed_documents(texts), "embeddings")
 
     def embed_query_matrix(self, query: str) -> Any:
-        """``query`` embedded as a ``(1, dim)`` matrix (a device tensor with gpuprompt embeddings)."""
+        """``query`` embedded as a ``(1, dim)`` matrix (a device tensor with gpuprompt embeddings),
+        with the query prefix (``query_instruction``), as ``embed_query`` embeds it."""
         _check_query(query)
         device = self._device_embeddings
         if device is not None:
-            return device.embed_tensor([query])
+            return device.embed_query_tensor([query])
         return check_real_matrix([self.embedding.embed_query(query)], "embedding")
 
     async def aembed_query_matrix(self, query: str) -> Any:
@@ -250,7 +251,7 @@ class GPUPromptVectorStore(HybridStoreMixin, VectorStore):
         _check_query(query)
         device = self._device_embeddings
         if device is not None:
-            return await device.aembed_tensor([query])
+            return await device.aembed_query_tensor([query])
         return check_real_matrix([await self.embedding.aembed_query(query)], "embedding")
 
     def _text_index(self) -> Any:

@@ -195,3 +195,26 @@ def test_the_index_records_the_embedder_and_refuses_another(lc_embeddings) -> No
     with pytest.raises(EmbedderMismatchError, match="allow_other_embedder"):
         other.add_texts(["blue boots"], ids=["b"])
     assert store.get_by_ids(["a", "b"])[0].id == "a" and len(store.get_by_ids(["b"])) == 0
+
+
+async def test_queries_are_embedded_with_the_query_instruction_in_every_search() -> None:
+    """Documents take ``embed_instruction``, queries ``query_instruction``: a search by text, dense
+    or hybrid, sync or async, equals a search by the ``embed_query`` vector."""
+    import numpy as np
+
+    instructed = GPUPromptEmbeddings(query_instruction="query: ", embed_instruction="passage: ")
+    store = GPUPromptVectorStore(instructed)
+    store.add_documents(CATALOGUE)
+    question = "shoes to run in"
+    query = np.array(instructed.embed_query(question), dtype=np.float32)
+    assert not np.allclose(query, instructed.embed_documents([question])[0], atol=1e-3)  # the prefixes differ
+    assert np.allclose(store.embed_query_matrix(question).cpu().numpy()[0], query, atol=1e-6)
+    assert np.allclose((await store.aembed_query_matrix(question)).cpu().numpy()[0], query, atol=1e-6)
+    by_vector = store.similarity_search_with_score_by_vector(query.tolist(), k=6)
+    for scored in (store.similarity_search_with_score(question, k=6),
+                   await store.asimilarity_search_with_score(question, k=6)):
+        assert [d.id for d, _ in scored] == [d.id for d, _ in by_vector]
+        assert [s for _, s in scored] == pytest.approx([s for _, s in by_vector], abs=1e-5)
+    want = [h.id for h in store.index.hybrid_search(query[None, :], [question], 4)[0]]
+    assert [d.id for d in store.hybrid_search(question, k=4)] == want
+    assert [d.id for d in await store.ahybrid_search(question, k=4)] == want

@@ -2,6 +2,12 @@
 RemoteIndex): the requests are checked here and go through the index's one search queue, so
 concurrent hybrid searches are batched with every dense one (VectorIndex: one read lock, one filter
 evaluation per distinct filter, one backend search for the dense leg; RemoteIndex: one request).
+
+A hybrid search may pass, instead of its query vectors, the function that embeds its texts. A
+VectorIndex then embeds the texts of every hybrid search of a batch in one call to it, in the batch
+that searches them: a caller waits in one queue rather than in an embedder's queue and then the
+index's (where each stage would see only part of the callers, and the two stages would contend for
+the cores). The other indexes call it at once, for the search's own texts.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ class HybridSearchMixin:
 
     dim: int
     metric: str
+    _embeds_in_batch: bool = False  # a VectorIndex embeds deferred texts in its batch (see embed_deferred)
 
     def _ensure_lexical(self) -> None:  # pragma: no cover - provided by the index
         """Make the lexical leg ready (build it, or learn the remote collection's layout)."""
@@ -58,6 +65,17 @@ class HybridSearchMixin:
 
     def _hybrid_request(self, queries: Any, filter: Any, plan: tuple[list[str], int, Fusion]) -> SearchRequest:
         checked, k, fusion = plan
+        if callable(queries):
+            import numpy as np
+
+            if not checked:
+                queries = np.empty((0, self.dim), dtype=np.float32)
+            elif self._embeds_in_batch:
+                key = check_filter(filter)
+                return SearchRequest(np.empty((0, self.dim), dtype=np.float32), k, filter if key else None, key,
+                                     texts=checked, mode="hybrid", fusion=fusion, embed=queries)
+            else:
+                queries = queries(list(checked))
         request = make_request(queries, k, filter, dim=self.dim, metric=self.metric)
         rows = int(request.queries.shape[0])
         if rows != len(checked):
@@ -110,7 +128,13 @@ class HybridSearchMixin:
         (default) or, with ``alpha``, by weighted normalised scores (see :mod:`gpuprompt.index._fusion`).
 
         Args:
-            queries: ``(q, dim)`` query vectors, as for :meth:`search`.
+            queries: ``(q, dim)`` query vectors, as for :meth:`search`; or a function that embeds a
+                list of query texts into such a matrix (one row per text, in order). A VectorIndex
+                calls it in the batch that searches them, once for the texts of every concurrent
+                hybrid search that passed the same function (a bound method such as
+                ``embedder.embed_tensor`` compares equal between calls; a new lambda per call does
+                not batch): the embedding is batched with the search, in one queue. It runs on the
+                index's search thread, so it must not search this index itself.
             texts: one query text per vector (the lexical leg's query).
             k: hits per query.
             filter: a metadata filter applied to both legs, or None.
@@ -129,7 +153,7 @@ class HybridSearchMixin:
         plan = self._hybrid_plan(texts, k, filter, alpha, fusion, fetch_k, rrf_k)
         self._ensure_lexical()
         request = self._hybrid_request(queries, filter, plan)
-        if request.queries.shape[0] == 0:
+        if request.embed is None and request.queries.shape[0] == 0:
             return []
         return self._submit(request).result()  # type: ignore[no-any-return]
 
@@ -148,8 +172,12 @@ class HybridSearchMixin:
         """Async :meth:`hybrid_search`: batched with every concurrent search."""
         plan = self._hybrid_plan(texts, k, filter, alpha, fusion, fetch_k, rrf_k)
         await self._aensure_lexical()
-        request = self._hybrid_request(queries, filter, plan)
-        if request.queries.shape[0] == 0:
+        if callable(queries) and not self._embeds_in_batch:
+            # embedding at once (another index) runs the caller's function: keep it off the loop
+            request = await asyncio.to_thread(self._hybrid_request, queries, filter, plan)
+        else:
+            request = self._hybrid_request(queries, filter, plan)
+        if request.embed is None and request.queries.shape[0] == 0:
             return []
         return await asyncio.wrap_future(self._submit(request))  # type: ignore[no-any-return]
 

@@ -23,7 +23,14 @@ from gpuprompt.index._hybrid import HybridSearchMixin
 from gpuprompt.index._lexical import LexicalIndex, LexicalStats
 from gpuprompt.index._mmr import check_mmr, check_one_query
 from gpuprompt.index._plan import Backend, apply_change, fill, new_backend, settle, tune
-from gpuprompt.index._search import FilterCache, SearchRequest, make_request, run_batch, search_batcher
+from gpuprompt.index._search import (
+    FilterCache,
+    SearchRequest,
+    embed_deferred,
+    make_request,
+    run_batch,
+    search_batcher,
+)
 from gpuprompt.index._snapshot import load_records, open_snapshot, restore_backend, write_state
 from gpuprompt.index._store import RWLock, Store, copy_json
 from gpuprompt.index._types import Hit, IndexStats, Record
@@ -73,6 +80,8 @@ class VectorIndex(AsyncIndexMixin, GroupSearchMixin, HybridSearchMixin):
             an unknown option (the message lists the valid ones). A faiss factory string is
             checked when the backend is built (that needs faiss), at the first add or search.
     """
+
+    _embeds_in_batch = True  # hybrid_search(embed_function, texts, ...): the batch embeds the texts
 
     def __init__(self, dim: int | None = None, *, config: IndexConfig | None = None, **options: Any) -> None:
         self._config = resolve_config(dim, config, options)
@@ -437,11 +446,14 @@ class VectorIndex(AsyncIndexMixin, GroupSearchMixin, HybridSearchMixin):
 
     def _run_batch(self, requests: list[SearchRequest]) -> list[Any]:
         self._ensure_backend()
+        errors = embed_deferred(requests, dim=self.dim, metric=self.metric)  # outside the lock: writers go on
+        ready = [request for request, error in zip(requests, errors) if error is None]
         with self._lock.read():
-            return run_batch(
-                requests, store=self._store, backend=self._backend, filters=self._filters, metric=self.metric,
+            results = iter(run_batch(
+                ready, store=self._store, backend=self._backend, filters=self._filters, metric=self.metric,
                 lexical=self._lexical,
-            )
+            ))
+        return [next(results) if error is None else error for error in errors]
 
     def _ensure_lexical(self) -> None:
         """Build the lexical leg from the stored documents, once (later writes keep it in step)."""

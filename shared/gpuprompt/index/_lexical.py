@@ -5,13 +5,18 @@ deletes at any time. This is the same sparse-matrix idea, made incremental: docu
 the store's *labels* (fresh for every write, never reused), so a write never rewrites postings:
 
 * a new or replaced document goes to a small in-memory table, frozen into an immutable segment (a
-  scipy CSC matrix, term -> documents) at the next search; a replaced or deleted document's label
-  is marked dead;
+  CSC matrix in numpy arrays, term -> documents; scipy is not needed) at the next search; a
+  replaced or deleted document's label is marked dead;
 * segments are merged (dead documents dropped) when there are more than 8 or a third of their
   documents are dead, so a search reads a few contiguous columns per query term;
-* a search gathers each query term's postings from every segment with numpy slicing, drops dead
-  labels and the rows a filter excludes (the same ``Allowed`` rows as the dense leg: a pre-filter),
-  and adds up BM25 weights per row with one ``bincount``: no Python loop over documents.
+* a search scores exactly with MaxScore pruning (see :meth:`LexicalIndex.search`): the rare query
+  terms' postings name the candidate rows, and each candidate's other terms are looked up by binary
+  search in their columns, so a term every document holds costs a few lookups, not a pass over its
+  postings; a query of common terms only gathers all its postings with numpy slicing and adds up
+  the weights per row with one ``bincount``. Either way dead labels and the rows a filter excludes
+  (the same ``Allowed`` rows as the dense leg: a pre-filter) are dropped, no Python loop runs over
+  documents, and ties rank by row. A term's live document frequency is counted once per segment
+  and kept until a document dies.
 
 BM25 as Lucene scores it: ``idf = ln(1 + (N - df + 0.5) / (df + 0.5))`` and
 ``tf * (k1 + 1) / (tf + k1 * (1 - b + b * len / avgdl))`` with k1 = 1.2 and b = 0.75, where N, df and
@@ -26,7 +31,7 @@ from __future__ import annotations
 
 import math
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -43,6 +48,9 @@ B = 0.75
 _MAX_SEGMENTS = 8
 _DEAD_FRACTION = 1 / 3
 _FREEZE_AT = 4096  # pending documents frozen into a segment even before a search asks
+_BOUND_SLACK = 1.0 + 1e-5  # a term's bound, idf * (k1 + 1), raised past float32 rounding of its weights
+_PRUNE_MIN_POSTINGS = 1024  # MaxScore gathers up to this many postings, or a 1/_PRUNE_FRACTION of the documents
+_PRUNE_FRACTION = 4
 
 
 @dataclass(frozen=True)
@@ -64,12 +72,24 @@ class LexicalStats:
     bytes: int
 
 
+class _Live:
+    """A segment's live postings per term (a cache, valid while the index's kill count is ``kills``)."""
+
+    __slots__ = ("counts", "kills", "whole")
+
+    def __init__(self) -> None:
+        self.kills = -1
+        self.whole = False  # no dead document in the segment: a column's length is its live count
+        self.counts: dict[int, int] = {}
+
+
 @dataclass(frozen=True)
 class _Segment:
     labels: np.ndarray  # (n,) int64: the label of each document of the segment
     indptr: np.ndarray  # (terms + 1,) int64: CSC column pointers, one column per term id
-    docs: np.ndarray  # (postings,) int32: a posting's document, an index into labels
+    docs: np.ndarray  # (postings,) int32: a posting's document, an index into labels (ascending per column)
     tfs: np.ndarray  # (postings,) float32: its term frequency
+    live: _Live = field(default_factory=_Live, compare=False, repr=False)
 
     @property
     def terms(self) -> int:
@@ -96,6 +116,7 @@ class LexicalIndex:
         self._row = np.zeros(0, dtype=np.int64)
         self._live = 0
         self._total_length = 0.0
+        self._kills = 0  # documents that died: the segments' cached live counts are valid for one value
         self._freeze_lock = threading.Lock()
 
     # ------------------------------------------------------------------ building
@@ -148,6 +169,7 @@ class LexicalIndex:
     def _kill(self, label: int) -> None:
         if label < self._alive.shape[0] and self._alive[label]:
             self._alive[label] = False
+            self._kills += 1
             self._live -= 1
             self._total_length -= float(self._length[label])
         if label < self._row.shape[0]:
@@ -224,6 +246,14 @@ class LexicalIndex:
         """The best ``k`` rows for ``text`` by BM25, as ``(scores, rows)`` best first (fewer when
         fewer rows contain a query term; ties by row).
 
+        Exact top-k with MaxScore pruning: the query's terms are taken rarest first (highest bound
+        on what one term can add, ``idf * (k1 + 1)``) until the ``k``-th best full score among the
+        rows holding one of them beats what the remaining terms could add together; then only
+        those rows are scored (each by all its terms, looked up in the columns). A term held by
+        every document (``sku``, ``price``) thus costs a few binary searches, not a pass over its
+        postings. A query whose rare terms hold too many postings is scored in one pass over all
+        its postings. Both give the same scores, summed in the same order.
+
         Args:
             text: the query text.
             k: most rows returned.
@@ -232,17 +262,96 @@ class LexicalIndex:
         """
         segments = self._frozen()
         terms = sorted({self._vocab[t] for t in tokenize(text) if t in self._vocab})
-        empty = (np.empty(0, dtype=np.float32), np.empty(0, dtype=np.int64))
         if not terms or self._live == 0 or size == 0:
-            return empty
+            return _empty()
+        idfs: dict[int, float] = {}
+        for term in terms:  # term-id order: the order every row's score is summed in
+            df = self._df(segments, term)
+            if df:
+                idfs[term] = math.log(1.0 + (self._live - df + 0.5) / (df + 0.5))
+        if not idfs:
+            return _empty()
         average = self._total_length / self._live
-        rows_parts, weight_parts = [], []
-        for term in terms:
-            labels, tfs = self._postings(segments, term)
-            if labels.size == 0:
+        found = self._pruned(segments, idfs, k, allowed, average)
+        if found is None:
+            found = self._scan(segments, idfs, allowed, average, size)
+        return _top(*found, k)
+
+    def _pruned(self, segments: list[_Segment], idfs: dict[int, float], k: int, allowed: Allowed | None,
+                average: float) -> tuple[np.ndarray, np.ndarray] | None:
+        """``(scores, rows)`` of the rows that can reach the top ``k`` (MaxScore), or None when the
+        rare terms hold more postings than pays (the caller then scans every posting)."""
+        bound = {term: idf * (K1 + 1) * _BOUND_SLACK for term, idf in idfs.items()}
+        order = sorted(idfs, key=lambda term: (-bound[term], term))
+        budget = max(_PRUNE_MIN_POSTINGS, self._live // _PRUNE_FRACTION)
+        picked: list[list[np.ndarray]] = [[] for _ in segments]
+        gathered = 0
+        for p, term in enumerate(order):
+            for s, segment in enumerate(segments):
+                start, stop = _column(segment, term)
+                if start < stop:
+                    picked[s].append(segment.docs[start:stop])
+                    gathered += stop - start
+            if gathered > budget:
+                return None
+            last = p + 1 == len(order)
+            candidates = self._candidates(segments, picked, allowed)
+            count = sum(docs.shape[0] for docs in candidates)
+            if count < k and not last:
                 continue
-            df = labels.shape[0]
-            idf = math.log(1.0 + (self._live - df + 0.5) / (df + 0.5))
+            scores, rows = self._score(segments, candidates, idfs, average)
+            if last:
+                return scores, rows  # every row holding a query term is a candidate
+            # A row holding none of the terms taken so far scores at most what the rest can add.
+            rest = math.fsum(bound[t] for t in order[p + 1:])
+            if rest < np.partition(scores, count - k)[count - k]:
+                return scores, rows
+        return None  # pragma: no cover - the last term always returns
+
+    def _candidates(self, segments: list[_Segment], picked: list[list[np.ndarray]],
+                    allowed: Allowed | None) -> list[np.ndarray]:
+        """Per segment, the live (and allowed) documents among the picked postings, sorted."""
+        out = []
+        for segment, parts in zip(segments, picked):
+            if not parts:
+                out.append(np.empty(0, dtype=np.int32))
+                continue
+            docs = np.unique(np.concatenate(parts)) if len(parts) > 1 else parts[0]
+            labels = segment.labels[docs]
+            keep = self._alive[labels]
+            if allowed is not None:
+                keep &= allowed.mask[np.maximum(self._row[labels], 0)]
+            out.append(docs[keep])
+        return out
+
+    def _score(self, segments: list[_Segment], candidates: list[np.ndarray], idfs: dict[int, float],
+               average: float) -> tuple[np.ndarray, np.ndarray]:
+        """The full BM25 scores of ``candidates`` (every query term looked up in its column),
+        summed term by term in id order in float64: the same sums as :meth:`_scan`."""
+        labels = np.concatenate([segment.labels[docs] for segment, docs in zip(segments, candidates)])
+        scores = np.zeros(labels.shape[0], dtype=np.float64)
+        for term, idf in idfs.items():
+            offset = 0
+            for segment, docs in zip(segments, candidates):
+                start, stop = _column(segment, term)
+                if start < stop and docs.shape[0]:
+                    column = segment.docs[start:stop]
+                    at = np.minimum(np.searchsorted(column, docs), stop - start - 1)
+                    held = np.flatnonzero(column[at] == docs)
+                    if held.shape[0]:
+                        tfs = segment.tfs[start + at[held]]
+                        lengths = self._length[labels[offset + held]]
+                        weights = idf * tfs * (K1 + 1) / (tfs + K1 * (1 - B + B * lengths / average))
+                        scores[offset + held] += weights.astype(np.float64)
+                offset += docs.shape[0]
+        return scores, self._row[labels]
+
+    def _scan(self, segments: list[_Segment], idfs: dict[int, float], allowed: Allowed | None, average: float,
+              size: int) -> tuple[np.ndarray, np.ndarray]:
+        """``(scores, rows)`` of every row holding a query term: one pass over all their postings."""
+        rows_parts, weight_parts = [], []
+        for term, idf in idfs.items():
+            labels, tfs = self._postings(segments, term)
             lengths = self._length[labels]
             weights = idf * tfs * (K1 + 1) / (tfs + K1 * (1 - B + B * lengths / average))
             rows = self._row[labels]
@@ -251,19 +360,34 @@ class LexicalIndex:
                 rows, weights = rows[keep], weights[keep]
             rows_parts.append(rows)
             weight_parts.append(weights)
-        if not rows_parts:
-            return empty
         rows = np.concatenate(rows_parts)
         if rows.size == 0:
-            return empty
+            return _empty()
         scores = np.bincount(rows, weights=np.concatenate(weight_parts).astype(np.float64), minlength=size)
         found = np.flatnonzero(scores > 0)
-        if found.size > k:
-            part = np.argpartition(-scores[found], k - 1)[:k]
-            found = found[part]
-        order = np.lexsort((found, -scores[found]))
-        best = found[order]
-        return scores[best].astype(np.float32), best.astype(np.int64)
+        return scores[found], found
+
+    def _df(self, segments: list[_Segment], term: int) -> int:
+        """A term's live document frequency: its postings in segments without dead documents, else
+        its live postings counted once per segment and kept until the next document dies."""
+        total = 0
+        for segment in segments:
+            start, stop = _column(segment, term)
+            if start == stop:
+                continue
+            live = segment.live
+            if live.kills != self._kills:
+                live.counts = {}
+                live.whole = bool(self._alive[segment.labels].all())
+                live.kills = self._kills
+            if live.whole:
+                total += stop - start
+                continue
+            count = live.counts.get(term)
+            if count is None:
+                count = live.counts[term] = int(self._alive[segment.labels[segment.docs[start:stop]]].sum())
+            total += count
+        return total
 
     def _frozen(self) -> list[_Segment]:
         """The segments with every pending document in them (frozen now if needed)."""
@@ -276,9 +400,7 @@ class LexicalIndex:
         """A term's live postings over ``segments``: ``(labels, term frequencies)``."""
         labels, tfs = [], []
         for segment in segments:
-            if term >= segment.terms:
-                continue
-            start, stop = int(segment.indptr[term]), int(segment.indptr[term + 1])
+            start, stop = _column(segment, term)
             if start == stop:
                 continue
             labels.append(segment.labels[segment.docs[start:stop]])
@@ -296,6 +418,31 @@ class LexicalIndex:
         held = sum(s.nbytes for s in segments) + self._alive.nbytes + self._length.nbytes + self._row.nbytes
         return LexicalStats(documents=self._live, terms=len(self._vocab), postings=postings,
                             segments=len(self._segments), bytes=held)
+
+
+def _empty() -> tuple[np.ndarray, np.ndarray]:
+    return np.empty(0, dtype=np.float64), np.empty(0, dtype=np.int64)
+
+
+def _column(segment: _Segment, term: int) -> tuple[int, int]:
+    """The posting range of ``term`` in ``segment`` (empty when the term is newer than the segment)."""
+    if term >= segment.terms:
+        return 0, 0
+    return int(segment.indptr[term]), int(segment.indptr[term + 1])
+
+
+def _top(scores: np.ndarray, rows: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """The best ``k`` of ``(scores, rows)``, score descending then row ascending (ties at the cut
+    kept by row too), as ``(float32 scores, int64 rows)``."""
+    if scores.shape[0] > k:
+        cut = np.partition(scores, scores.shape[0] - k)[scores.shape[0] - k]
+        above = np.flatnonzero(scores > cut)
+        tied = np.flatnonzero(scores == cut)
+        tied = tied[np.argsort(rows[tied], kind="stable")[: k - above.shape[0]]]
+        keep = np.concatenate([above, tied])
+        scores, rows = scores[keep], rows[keep]
+    order = np.lexsort((rows, -scores))
+    return scores[order].astype(np.float32), rows[order].astype(np.int64)
 
 
 def _csc(labels: np.ndarray, docs: np.ndarray, term_ids: np.ndarray, tfs: np.ndarray, terms: int) -> _Segment:

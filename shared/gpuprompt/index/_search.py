@@ -8,14 +8,14 @@ from __future__ import annotations
 import threading
 import weakref
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from gpuprompt.batching import MicroBatcher
-from gpuprompt.errors import ClosedError
+from gpuprompt.errors import ClosedError, InvalidInputError
 from gpuprompt.index._checks import check_filter, check_k, check_matrix
 from gpuprompt.index._fusion import Fusion, fuse
 from gpuprompt.index._mmr import mmr_rerank
@@ -26,7 +26,8 @@ from gpuprompt.index.filters import compile_filter
 if TYPE_CHECKING:
     from gpuprompt.index._lexical import LexicalIndex
 
-__all__ = ["FilterCache", "SearchRequest", "make_request", "request_cost", "run_batch", "search_batcher"]
+__all__ = ["FilterCache", "SearchRequest", "embed_deferred", "make_request", "request_cost", "run_batch",
+           "search_batcher"]
 
 _EXACT_SUBSET = 4096  # filters selecting at most this many rows are searched exactly over those rows
 _FILTER_CACHE = 32
@@ -45,6 +46,8 @@ class SearchRequest:
         texts: the query texts of a lexical or hybrid search (one per query row for hybrid).
         mode: ``"dense"``, ``"lexical"`` (``queries`` then has no rows) or ``"hybrid"``.
         fusion: how a hybrid search fuses its legs.
+        embed: for a hybrid search whose texts the batch embeds (:func:`embed_deferred`), the
+            function that embeds them; ``queries`` is filled in (and this cleared) before the search.
     """
 
     queries: Any
@@ -55,6 +58,7 @@ class SearchRequest:
     texts: list[str] | None = None
     mode: str = "dense"
     fusion: Fusion | None = None
+    embed: Callable[[list[str]], Any] | None = None
 
     @property
     def dense_k(self) -> int:
@@ -74,7 +78,52 @@ def make_request(
 
 def request_cost(request: SearchRequest) -> int:
     """A request's share of a batch: its number of queries."""
-    return len(request.texts) if request.mode == "lexical" and request.texts is not None else int(request.queries.shape[0])
+    if request.texts is not None and (request.mode == "lexical" or request.embed is not None):
+        return len(request.texts)
+    return int(request.queries.shape[0])
+
+
+def embed_deferred(requests: list[SearchRequest], *, dim: int, metric: str) -> list[BaseException | None]:
+    """Embed the texts of the batch's hybrid searches that came with an embedding function instead of
+    vectors: one call per distinct function, with the texts of all its searches (so concurrent hybrid
+    searches are embedded in one batch, in the same queue as their search). Run before the read lock.
+
+    Returns:
+        Per request, None, or the error that fails it alone (the function raised, or returned a
+        matrix of the wrong shape or values).
+    """
+    groups: dict[Any, list[int]] = {}
+    for i, request in enumerate(requests):
+        if request.embed is not None:
+            try:
+                key: Any = request.embed
+                hash(key)
+            except TypeError:
+                key = id(request.embed)
+            groups.setdefault(key, []).append(i)
+    errors: list[BaseException | None] = [None] * len(requests)
+    for members in groups.values():
+        embed = requests[members[0]].embed
+        assert embed is not None
+        texts = [text for i in members for text in requests[i].texts or ()]
+        try:
+            matrix = check_matrix(embed(texts), "the embedded query texts", dim=dim, metric=metric, allow_1d=False)
+            if int(matrix.shape[0]) != len(texts):
+                raise InvalidInputError(
+                    f"the embedding function of a hybrid search returned {int(matrix.shape[0])} vectors for "
+                    f"{len(texts)} texts; it must return one row per text, in order."
+                )
+        except Exception as exc:  # noqa: BLE001 - it fails these searches, never the batch
+            for i in members:
+                errors[i] = exc
+            continue
+        start = 0
+        for i in members:
+            request = requests[i]
+            stop = start + len(request.texts or ())
+            request.queries, request.embed = matrix[start:stop], None
+            start = stop
+    return errors
 
 
 def search_batcher(index: Any) -> MicroBatcher[SearchRequest, Any]:

@@ -14,8 +14,9 @@ vectors (embedded once by the parent with the bundled all-MiniLM-L6-v2 and cache
 Every call is a question naming one product's code; recall@5 counts the questions whose product is in
 the top 5. Each process also measures its lexical retriever alone (``BM25Retriever`` vs
 ``search_type="lexical"``, the drop-in). The ``ours`` side also reports dense-only recall, the lexical
-leg's memory and the cost of an upsert with the leg built (median of single-record upserts into the
-full index).
+leg's memory, the cost of an upsert with the leg built (median of single-record upserts into the
+full index), and the mean batch of its two queues during the hybrid load (the embedder's and the
+index's: the index embeds the query texts of a search batch in one embedder call).
 """
 
 from __future__ import annotations
@@ -112,6 +113,14 @@ def _ours(products: list[dict[str, Any]], vectors: Any) -> tuple[Any, Any, Any, 
             store.as_retriever(search_type="lexical", search_kwargs={"k": _K}), store, index)
 
 
+def _queues(store: Any, index: Any) -> list[int]:
+    """Batches and items of our embedder's and index's queues so far (zeros on the stock side)."""
+    if store is None or index is None:
+        return [0, 0, 0, 0]
+    embed, search = store.embedding.embedder.stats().batcher, index.stats().batcher
+    return [embed.batches, embed.items, search.batches, search.items]
+
+
 def _id(document: Any) -> str:
     return str(document.id or document.metadata.get("id"))
 
@@ -132,7 +141,9 @@ def _side(side: str, n: int, run: int, quick: bool) -> dict[str, Any]:
     for question, _ in warm:  # the lexical leg is built here (our side), the models warmed (both)
         retriever.invoke(question)
         lexical_retriever.invoke(question)
+    queues = _queues(store, index)
     load = thread_load(lambda call: [_id(d) for d in retriever.invoke(call[0])][:_K], calls, _CALLERS)
+    queues = [after - before for before, after in zip(queues, _queues(store, index))]
     recall = statistics.fmean(want in got for (_, want), got in zip(calls, load.results))
     words = thread_load(lambda call: [_id(d) for d in lexical_retriever.invoke(call[0])][:_K], calls, _CALLERS)
     out: dict[str, Any] = {"queries_per_s": load.per_s, "p50_s": load.p50_s, "p95_s": load.p95_s,
@@ -140,6 +151,8 @@ def _side(side: str, n: int, run: int, quick: bool) -> dict[str, Any]:
                            "lexical_recall_at_5": statistics.fmean(
                                want in got for (_, want), got in zip(calls, words.results))}
     if store is not None and index is not None:
+        out["embed_mean_batch"] = queues[1] / max(1, queues[0])
+        out["index_mean_batch"] = queues[3] / max(1, queues[2])
         dense = [[_id(d) for d in store.similarity_search(q, k=_K)] for q, _ in calls]
         out["dense_recall_at_5"] = statistics.fmean(want in got for (_, want), got in zip(calls, dense))
         lexical = index.lexical_stats()
@@ -208,6 +221,8 @@ def hybrid(ctx: BenchContext) -> ScenarioResult:
                     f"stock_recall_at_5_{tag}": stock["recall_at_5"],
                     f"lexical_mib_{tag}": ours["lexical_bytes"] / 2**20,
                     f"upsert_ms_{tag}": ours["upsert_ms"],
+                    f"ours_embed_mean_batch_{tag}": ours["embed_mean_batch"],
+                    f"ours_index_mean_batch_{tag}": ours["index_mean_batch"],
                 })
             metrics["load_average_1m"] = max(load_before, os.getloadavg()[0])
             return metrics
