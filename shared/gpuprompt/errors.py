@@ -21,7 +21,8 @@ Each message says what was wrong, what was got, and how to fix it. The tree::
     │   ├── EngineDeadError                    the backend died; every pending request gets this
     │   └── SessionStoreError                  the session store (Redis) failed, was unreachable or timed out
     ├── DeviceOutOfMemoryError                 the accelerator ran out of memory, even after splitting
-    └── SnapshotError                          a saved snapshot is missing, truncated or tampered with
+    ├── SnapshotError                          a saved snapshot is missing, truncated or tampered with
+    └── StorageError (OSError)                 the file system refused to read or write a path
 
 Backend exceptions are mapped into this tree at the boundary, with ``raise ... from exc``.
 """
@@ -50,6 +51,7 @@ __all__ = [
     "RequestTimeoutError",
     "SessionStoreError",
     "SnapshotError",
+    "StorageError",
     "UnsupportedFeatureError",
     "VectorStoreError",
     "describe",
@@ -227,3 +229,22 @@ class DeviceOutOfMemoryError(GPUPromptError, MemoryError):
 
 class SnapshotError(GPUPromptError):
     """A persisted snapshot is missing, truncated, tampered with or of another format."""
+
+
+class StorageError(GPUPromptError, OSError):
+    """The file system refused to read or write a path: no permission, a read-only or full disk.
+    The message names the path and what to change; a save that failed so keeps the previous
+    snapshot.
+
+    Attributes:
+        errno: the refusal's error number (``errno.EACCES``, ...), or None.
+        filename: the path the file system refused.
+    """
+
+    def __init__(self, message: str, *, errno: int | None = None, filename: str | None = None) -> None:
+        super().__init__(message)
+        self.errno = errno
+        self.filename = filename
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""  # the message, not OSError's "[Errno n] ..." form

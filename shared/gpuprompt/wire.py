@@ -73,6 +73,7 @@ from gpuprompt.errors import (
     RequestTimeoutError,
     SessionStoreError,
     SnapshotError,
+    StorageError,
     UnsupportedFeatureError,
     VectorStoreError,
 )
@@ -412,7 +413,7 @@ def describe_error(exc: GPUPromptError) -> WireError:
 _SERVER_ERRORS: dict[str, type[GPUPromptError]] = {
     cls.__name__: cls
     for cls in (EngineError, EngineDeadError, RequestTimeoutError, ModelLoadError, QualityError, DependencyError,
-                DeviceOutOfMemoryError, SessionStoreError, SnapshotError, VectorStoreError)
+                DeviceOutOfMemoryError, SessionStoreError, SnapshotError, StorageError, VectorStoreError)
 }
 _CONTEXT_RE = re.compile(r"has (\d+) tokens but the context window of .*? is (\d+) tokens", re.DOTALL)
 _FILTER_PATH_RE = re.compile(r"\s*\(at filter path ([^)]*)\)\s*$")

@@ -430,3 +430,114 @@ def test_save_killed_midway_leaves_previous_snapshot_loadable(tmp_path: Path, mo
     restored.save(path)
     assert sorted(p.name for p in tmp_path.iterdir() if "snap" in p.name) == [LOCK, PREV, "snap"]
     assert _snapshot_of(VectorIndex.load(path)) == expected
+
+
+# ---------------------------------------------------------------------------------------- refused paths
+def test_save_and_load_below_a_file_name_the_file(tmp_path: Path) -> None:
+    """save("afile/sub") with afile a regular file raised a builtin FileExistsError."""
+    (tmp_path / "afile").write_text("x")
+    index = _build("torch", 300)
+    for target in (tmp_path / "afile" / "sub", tmp_path / "afile" / "deeper" / "sub"):
+        with pytest.raises(InvalidInputError, match="parents are folders") as caught:
+            index.save(target)
+        assert f"{str(tmp_path / 'afile')!r} is a file" in str(caught.value) and str(target) in str(caught.value)
+        with pytest.raises(SnapshotError, match=re.escape(f"{str(tmp_path / 'afile')!r} is a file, not a folder")):
+            VectorIndex.load(target)
+    assert (tmp_path / "afile").read_text() == "x"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["afile"]  # nothing created beside it
+
+
+# Runs where permissions bind (a non-root user, or root without CAP_DAC_OVERRIDE/CAP_DAC_READ_SEARCH):
+# each case prints its outcome as one JSON line.
+_NO_PERMISSION = textwrap.dedent(
+    """
+    import json, sys
+    from pathlib import Path
+    import numpy as np
+    from gpuprompt import VectorIndex
+    from gpuprompt.errors import StorageError
+
+    root = Path(sys.argv[1])
+    index = VectorIndex(4, backend="torch", device="cpu")
+    index.add(["a", "b"], np.eye(2, 4, dtype=np.float32))
+
+    def outcome(case, call):
+        try:
+            call()
+        except Exception as exc:
+            out = {"type": type(exc).__name__, "message": str(exc), "oserror": isinstance(exc, OSError),
+                   "errno": getattr(exc, "errno", None), "storage": isinstance(exc, StorageError)}
+        else:
+            out = {"type": None}
+        print(json.dumps({"case": case, **out}), flush=True)
+
+    outcome("save-into-read-only", lambda: index.save(root / "ro" / "snap"))
+    outcome("save-below-read-only", lambda: index.save(root / "ro" / "new" / "snap"))
+    outcome("resave-read-only", lambda: index.save(root / "frozen" / "snap"))
+    outcome("load-unreadable-main", lambda: VectorIndex.load(root / "hidden" / "snap"))
+    outcome("load-unsearchable-parent", lambda: VectorIndex.load(root / "closed" / "snap"))
+    outcome("load-unreadable-files", lambda: VectorIndex.load(root / "files" / "snap"))
+    """
+)
+
+
+def _drop_dac_capabilities() -> None:  # runs in the child between fork and exec
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    for capability in (1, 2):  # CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH: what lets root ignore modes
+        if libc.prctl(24, capability, 0, 0, 0) != 0:  # PR_CAPBSET_DROP: gone from the exec'd program
+            raise OSError(ctypes.get_errno(), "prctl(PR_CAPBSET_DROP)")
+
+
+def test_save_and_load_without_permission_raise_storage_errors(tmp_path: Path) -> None:
+    """A folder this process may not write or read: a typed StorageError naming the path, the
+    previous snapshot kept, and never an older generation loaded in place of an unreadable one."""
+    import errno
+    import stat
+
+    index = _build("torch", 300)
+    for name in ("frozen", "hidden", "closed", "files"):
+        index.save(tmp_path / name / "snap")
+        index.save(tmp_path / name / "snap")  # a previous generation beside it, too
+    (tmp_path / "ro").mkdir()
+    modes = {"ro": 0o555, "frozen": 0o555, "hidden/snap": 0o000, "closed": 0o000}
+    for name, mode in modes.items():
+        (tmp_path / name).chmod(mode)
+    for file in (tmp_path / "files" / "snap").iterdir():
+        file.chmod(0o000)
+    script = tmp_path / "child.py"
+    script.write_text(_NO_PERMISSION)
+    as_root = os.geteuid() == 0
+    try:
+        child = subprocess.run(
+            [sys.executable, str(script), str(tmp_path)], capture_output=True, text=True, timeout=300,
+            preexec_fn=_drop_dac_capabilities if as_root else None,
+        )
+    except subprocess.SubprocessError as exc:
+        if as_root:
+            pytest.skip(f"running as root and could not drop CAP_DAC_OVERRIDE to make permissions bind: {exc}")
+        raise
+    finally:
+        for name in modes:
+            (tmp_path / name).chmod(0o755)
+        for file in (tmp_path / "files" / "snap").iterdir():
+            file.chmod(0o644)
+    assert child.returncode == 0, child.stderr[-3000:]
+    results = {row["case"]: row for row in map(json.loads, child.stdout.splitlines())}
+    where = {"save-into-read-only": "ro/snap", "save-below-read-only": "ro/new/snap", "resave-read-only": "frozen/snap",
+             "load-unreadable-main": "hidden/snap", "load-unsearchable-parent": "closed/snap",
+             "load-unreadable-files": "files/snap"}
+    assert set(results) == set(where)
+    for case, target in where.items():
+        row = results[case]
+        assert row["type"] == "StorageError" and row["storage"] and row["oserror"], row
+        assert row["errno"] == errno.EACCES, row
+        assert repr(str(tmp_path / target)) in row["message"], row
+        assert "may not" in row["message"] and ("write" if "save" in case else "read") in row["message"]
+    # Nothing was left behind, and the snapshots that could not be rewritten or read still load whole.
+    assert sorted(p.name for p in (tmp_path / "ro").iterdir()) == []
+    for name in ("frozen", "hidden", "closed", "files"):
+        assert sorted(p.name for p in (tmp_path / name).iterdir()) == [LOCK, PREV, "snap"]
+        assert _snapshot_of(VectorIndex.load(tmp_path / name / "snap")) == _snapshot_of(index)
+    assert stat.S_IMODE((tmp_path / "ro").stat().st_mode) == 0o755

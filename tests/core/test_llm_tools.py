@@ -8,6 +8,7 @@ chooses inside that shape is not asserted.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import re
 
@@ -184,14 +185,15 @@ def plan(**kwargs) -> ToolPlan:
     return result
 
 
-def run(parser_plan: ToolPlan, pieces: list[str]) -> tuple[str, list[ToolCallDelta], list[ToolCall]]:
+def run(parser_plan: ToolPlan, pieces: list[str], *, cut: bool = False) -> tuple[str, list[ToolCallDelta],
+                                                                                 list[ToolCall]]:
     parser = ToolOutputParser(parser_plan)
     text, deltas = "", []
     for piece in pieces:
         new, calls = parser.feed(piece)
         text += new
         deltas.extend(calls)
-    new, calls = parser.finish()
+    new, calls = parser.finish(cut=cut)
     assert parser.text == text + new
     return text + new, deltas + list(calls), parser.calls
 
@@ -258,6 +260,105 @@ def test_parser_never_hands_out_cut_call_or_wrapper_json() -> None:
     streamed, _, calls = run(plan(native=True), ["Hi <tool", '_call>{"name": "get_time", "arguments": {"tz": "UTC"}}',
                                                  "</tool_", "call> bye"])
     assert streamed == "Hi  bye" and [c.name for c in calls] == ["get_time"]
+
+
+def _split(text: str, size: int) -> list[str]:
+    return [text[i : i + size] for i in range(0, len(text), size)]
+
+
+def test_parser_hands_out_a_call_cut_by_the_token_limit_with_its_partial_arguments() -> None:
+    # A named choice: the call is known before its name is even written.
+    named = plan(tool_choice="get_weather", parallel_tool_calls=False)
+    for raw, arguments in [('{"name":"get_weather","arguments":{"city":"Par', '{"city":"Par'),
+                           ('{"name": "get_weather", "arguments": {"city": "Par', '{"city": "Par'),
+                           ('{"name":"get_weather","arguments":{"ci', '{"ci'),
+                           ('{"name":"get_weather","arguments":', ""), ('{"name":"get_weather",', ""), ('{"na', "")]:
+        for split in (1, 1000):
+            text, deltas, calls = run(named, _split(raw, split), cut=True)
+            assert text == "" and [(c.name, c.arguments, c.incomplete) for c in calls] == [
+                ("get_weather", arguments, True)]
+            assert merged(deltas) == [(calls[0].id, "get_weather", arguments)] and CALL_ID.match(calls[0].id)
+            with pytest.raises(InvalidInputError, match="cut short by max_tokens"):
+                calls[0].args
+            assert calls[0].to_openai()["function"] == {"name": "get_weather", "arguments": arguments}
+    # Only the wrapper's brace was cut: the arguments are whole, and so is the call.
+    [call] = run(named, ['{"name":"get_weather","arguments":{"city":"Paris"}'], cut=True)[2]
+    assert not call.incomplete and call.args == {"city": "Paris"}
+    # "required": the call is known once its name is whole.
+    single = plan(tool_choice="required", parallel_tool_calls=False)
+    assert run(single, ['{"name":"get_wea'], cut=True)[0::2] == ("", [])
+    [call] = run(single, ['{"name":"get_time","arguments":{"tz":"C'], cut=True)[2]
+    assert (call.name, call.arguments, call.incomplete) == ("get_time", '{"tz":"C', True)
+    # A list: whole calls are handed out as they close (streamed, before the end), the cut one last.
+    several = plan(tool_choice="required")
+    raw = '[{"name":"get_time","arguments":{"tz":"UTC"}}, {"name":"get_weather","arguments":{"city":"Ro'
+    for split in (1, 7, 1000):
+        parser = ToolOutputParser(several)
+        early = [d for piece in _split(raw, split) for d in parser.feed(piece)[1]]
+        late = parser.finish(cut=True)[1]
+        assert [(d.index, d.name, d.arguments) for d in early] == [(0, "get_time", '{"tz": "UTC"}')]
+        assert [(d.index, d.name, d.arguments) for d in late] == [(1, "get_weather", '{"city":"Ro')]
+        assert [c.incomplete for c in parser.calls] == [False, True]
+    # The answer's wrapper is never a call, cut or not; a reply ended otherwise keeps no cut call.
+    for wrapper in ['{"name":"__answer__","arguments":{"content"', '{"name":"__answer__",']:
+        assert run(plan(), [wrapper], cut=True)[0::2] == ("", [])
+    assert run(named, ['{"name":"get_weather","arguments":{"city":"Par'])[0::2] == ("", [])
+    # Tagged: a block the limit cut is a call; one the model left open (it ended) stays prose.
+    raw = 'Sure.<tool_call>\n{"name": "get_time", "arguments": {"tz": "C'
+    text, _, calls = run(plan(native=True), _split(raw, 3), cut=True)
+    assert text == "Sure." and [(c.name, c.arguments, c.incomplete) for c in calls] == [("get_time", '{"tz": "C', True)]
+    assert run(plan(native=True), [raw])[0::2] == (raw, [])
+
+
+def test_an_incomplete_call_is_only_a_reply_s_last_word() -> None:
+    cut = ToolCall("call_1", "f", '{"a": "x', incomplete=True)
+    assert cut.arguments == '{"a": "x' and cut.to_openai()["function"]["arguments"] == '{"a": "x'
+    with pytest.raises(InvalidInputError, match=r"'call_1' \(f\) were cut short by max_tokens"):
+        cut.args
+    with pytest.raises(InputTypeError, match="incomplete' must be a bool"):
+        ToolCall("call_1", "f", "{}", incomplete="yes")  # type: ignore[arg-type]
+    # A conversation's history holds whole calls: partial arguments are refused there.
+    with pytest.raises(InvalidInputError, match="JSON text of an object"):
+        GenerationRequest(messages=[*ASK, {"role": "assistant", "content": None, "tool_calls": [cut.to_openai()]}])
+
+
+def test_auto_decodes_a_non_blank_answer_or_calls(tf_engine: LLMEngine) -> None:
+    """The prose form under "auto" used to admit "" (1 in 11 seeds gave an empty reply): the grammar
+    both backends decode it under requires a non-blank character, and still admits escapes."""
+    from gpuprompt.llm.backends._guided import COMPACT, answer_or_calls_grammar, decoding_constraint
+
+    cache = tf_engine._backend._grammar_cache()  # the engine's tokenizer; the grammar is the point
+    for parallel in (False, True):
+        auto = plan(parallel_tool_calls=parallel)
+        assert auto.calls_schema is not None and auto.guided == {"json": auto.schema}  # portable form kept
+        for separators in (COMPACT, None):  # transformers' compact JSON, and vLLM's (xgrammar's defaults)
+            compiled = cache.compile({"grammar": answer_or_calls_grammar(auto.calls_schema, separators)})
+            item, key = separators or (", ", ": ")
+
+            def accepts(text: str) -> bool:
+                matcher = cache.matcher(compiled)
+                return bool(matcher.accept_string(text)) and matcher.is_completed()
+
+            def answer(content: str) -> str:
+                return f'{{"name"{key}"__answer__"{item}"arguments"{key}{{"content"{key}"{content}"}}}}'
+
+            call = f'{{"name"{key}"get_time"{item}"arguments"{key}{{"tz"{key}"UTC"}}}}'
+            for blank in ("", " ", "\\n", " \\n\\t ", "\\u0020", "\u3000"):
+                assert not accepts(answer(blank)), (separators, blank)
+            for prose in ("Hi", " Hi", r"\n\nSay \"hi\"\nBye", "\u00e9t\u00e9", "\\u00e9", "42"):
+                assert accepts(answer(prose)), (separators, prose)
+            assert accepts(f"[{call}]" if parallel else call)
+            assert not accepts(call if parallel else f"[{call}]")
+    # Only a free-text answer takes the grammar: a constrained answer, or forced calls, keep their schema.
+    shaped = plan(guided_choice=["yes", "no"])
+    forced = plan(tool_choice="required")
+    assert shaped.calls_schema is None and forced.calls_schema is None
+
+    class Prepared:
+        guided = {"json": {}}
+        tool_plan = forced
+
+    assert decoding_constraint(Prepared()) == Prepared.guided
 
 
 def test_plans_follow_tool_choice() -> None:
@@ -565,13 +666,73 @@ def _streamed(engine: LLMEngine, request: GenerationRequest) -> tuple[str, list[
     return "".join(d.text for d in deltas), calls, deltas[-1].finish_reason
 
 
-def test_a_reply_cut_by_max_tokens_holds_no_wrapper_or_cut_call(tf_engine: LLMEngine) -> None:
+def test_a_reply_cut_by_max_tokens_holds_no_wrapper_json(tf_engine: LLMEngine) -> None:
     requests = [ask(max_tokens=14), ask(tool_choice="required", max_tokens=10),
                 ask(tool_choice="required", parallel_tool_calls=False, max_tokens=10)]
     for request, result in zip(requests, tf_engine.generate(requests)):
         assert result.finish_reason == "length" and result.usage.completion_tokens == request.max_tokens
-        assert "{" not in result.text and "__answer__" not in result.text and not result.tool_calls
-        assert _streamed(tf_engine, request) == (result.text, [], "length")
+        assert "{" not in result.text and "__answer__" not in result.text
+        # A call the limit cut (once its name is written) is its only call, marked incomplete.
+        assert len(result.tool_calls) <= 1 and all(c.incomplete for c in result.tool_calls)
+        calls = [(c.name, c.arguments) for c in result.tool_calls]
+        assert _streamed(tf_engine, request) == (result.text, calls, "length")
+
+
+# The issue's case: a forced tool with a free-text string argument the small model keeps writing.
+FREE_PRICE = {"type": "function", "function": {"name": "get_price", "description": "Price of a product in EUR.",
+              "parameters": {"type": "object", "properties": {"product": {"type": "string"}},
+                             "required": ["product"]}}}
+FREE_STOCK = {"type": "function", "function": {"name": "get_stock", "description": "Units of a product in stock.",
+              "parameters": {"type": "object", "properties": {"product": {"type": "string"}},
+                             "required": ["product"]}}}
+LONG_ASK = [{"role": "user", "content": "What does the long-sleeved organic cotton midi dress with the ruby red "
+                                        "floral print and mother-of-pearl buttons, size 38, cost?"}]
+
+
+AFTER_A_TOOL = [
+    {"role": "system", "content": "You are a helpful AI assistant."},
+    {"role": "user", "content": "What does the red dress cost?"},
+    {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "call_1", "type": "function", "function": {"name": "get_price", "arguments": '{"product": "red dress"}'}}]},
+    {"role": "tool", "content": "49.90", "tool_call_id": "call_1"},
+]
+
+
+def test_auto_never_answers_with_an_empty_reply(engine: LLMEngine) -> None:
+    """Flowise's Tool Agent got empty replies: after a tool result, the prose form's content was ""
+    for 7 of these 11 seeds on transformers before the grammar required a non-blank character."""
+    requests = [GenerationRequest(messages=AFTER_A_TOOL, tools=[FREE_PRICE, FREE_STOCK], max_tokens=32,
+                                  temperature=1.0, seed=seed) for seed in range(11)]
+    for request, result in zip(requests, engine.generate(requests)):
+        assert result.tool_calls or result.text.strip(), (request.seed, result)
+
+
+def test_a_call_cut_by_max_tokens_comes_back_with_its_partial_arguments(engine: LLMEngine) -> None:
+    """A forced call cut by max_tokens used to vanish (finish_reason "length", no call); OpenAI and
+    vLLM's server return it with the partial arguments: so does the core, on both backends."""
+    named = GenerationRequest(messages=LONG_ASK, tools=[FREE_PRICE, FREE_STOCK], max_tokens=24,
+                              tool_choice={"type": "function", "function": {"name": "get_price"}})
+    listed = GenerationRequest(messages=LONG_ASK, tools=[FREE_PRICE, FREE_STOCK], max_tokens=24,
+                               tool_choice="required")
+    for request, result in zip((named, listed), engine.generate([named, listed])):
+        assert result.finish_reason == "length" and result.usage.completion_tokens == 24
+        assert result.text == ""
+        [call] = result.tool_calls
+        assert call.incomplete and CALL_ID.match(call.id)
+        assert call.name == "get_price" if request is named else call.name in ("get_price", "get_stock")
+        # Cut inside the string argument: the text as generated, not JSON.
+        assert re.match(r'\{\s*"product"\s*:\s*"[^"]+$', call.arguments), call.arguments
+        with pytest.raises(InvalidInputError, match="cut short by max_tokens"):
+            call.args
+        # Streamed: the same call; its deltas (id and name first) concatenate to the partial text.
+        deltas = list(engine.stream(request))
+        assert deltas[-1].finish_reason == "length" and "".join(d.text for d in deltas) == ""
+        [(_, name, arguments)] = merged([c for d in deltas for c in d.tool_calls])
+        assert (name, arguments) == (call.name, call.arguments)
+        # Stop strings apply to prose, never inside a call: even '"' does not cut it.
+        [stopped] = engine.generate([dataclasses.replace(request, stop=('"', "dress"))])
+        assert (stopped.finish_reason, [(c.name, c.arguments) for c in stopped.tool_calls]) == (
+            "length", [(call.name, call.arguments)])
 
 
 def test_length_wins_over_tool_calls_when_the_limit_stopped_the_reply(tf_engine: LLMEngine) -> None:

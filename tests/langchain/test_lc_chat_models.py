@@ -4,6 +4,7 @@ message conversion, the LLM cache, and tool calling / structured output through 
 from __future__ import annotations
 
 import asyncio
+import re
 from typing import Any
 
 import pytest
@@ -379,4 +380,42 @@ def test_stop_strings_and_cut_replies_never_show_wrapper_json(lc_chat: ChatGPUPr
     for message in (chat.bind_tools([order_status]).invoke("Where is order 42?", stop=["name"]),
                     chat.bind_tools([order_status], max_tokens=10).invoke("Where is order 42?")):
         assert "{" not in message.content and "__answer__" not in message.content
-        assert not message.invalid_tool_calls
+        # A call the limit cut comes back invalid (partial arguments), and only then.
+        if message.invalid_tool_calls:
+            assert message.response_metadata["finish_reason"] == "length"
+            assert [c["name"] for c in message.invalid_tool_calls] == ["order_status"]
+
+
+@tool
+def get_price(product: str) -> str:
+    """Price of a product in EUR."""
+    return "49.90"
+
+
+@tool
+def get_stock(product: str) -> str:
+    """Units of a product in stock."""
+    return "3"
+
+
+LONG_ASK = ("What does the long-sleeved organic cotton midi dress with the ruby red floral print and "
+            "mother-of-pearl buttons, size 38, cost?")
+
+
+def test_a_call_cut_by_max_tokens_is_an_invalid_tool_call(chat: ChatGPUPrompt) -> None:
+    """A forced call cut by max_tokens: in ``invalid_tool_calls`` with its partial arguments, as
+    langchain-openai files unparsable arguments (it used to vanish); streamed as tool_call_chunks."""
+    forced = chat.bind_tools([get_price, get_stock], tool_choice="get_price", max_tokens=24)
+    message = forced.invoke(LONG_ASK)
+    assert message.tool_calls == [] and message.content == ""
+    assert message.response_metadata["finish_reason"] == "length"
+    [invalid] = message.invalid_tool_calls
+    assert invalid["type"] == "invalid_tool_call" and invalid["name"] == "get_price"
+    assert invalid["id"].startswith("call_") and "cut short by max_tokens" in invalid["error"]
+    assert re.match(r'\{\s*"product"\s*:\s*"[^"]+$', invalid["args"]), invalid["args"]
+    chunks = list(forced.stream(LONG_ASK))
+    full = chunks[0]
+    for chunk in chunks[1:]:
+        full = full + chunk
+    assert [(c["name"], c["args"]) for c in full.tool_call_chunks] == [("get_price", invalid["args"])]
+    assert full.response_metadata["finish_reason"] == "length"

@@ -11,6 +11,8 @@ Free-text arguments are enums where the model would otherwise ramble, and most f
 from __future__ import annotations
 
 import json
+import logging
+import re
 from typing import Any, Literal
 
 import openai
@@ -325,18 +327,72 @@ def test_a_tool_schema_that_cannot_compile_is_a_400_naming_tools(http) -> None:
     assert response.json()["error"]["param"] == "tools"
 
 
+def _folded(openai_client, stream: bool, **options: Any) -> tuple[str, list[tuple[str, str, str]], list[str]]:
+    """(content, [(id, name, arguments)], finish reasons) of a reply, streamed or not."""
+    if not stream:
+        [choice] = _call(openai_client, **options).choices
+        calls = [(c.id, c.function.name, c.function.arguments) for c in choice.message.tool_calls or []]
+        return choice.message.content or "", calls, [choice.finish_reason]
+    chunks = [c for c in _call(openai_client, stream=True, **options) if c.choices]
+    folded: dict[int, list[str]] = {}
+    for piece in (tc for c in chunks for tc in (c.choices[0].delta.tool_calls or [])):
+        slot = folded.setdefault(piece.index, ["", "", ""])
+        slot[0] += piece.id or ""
+        slot[1] += (piece.function.name or "") if piece.function else ""
+        slot[2] += (piece.function.arguments or "") if piece.function else ""
+    content = "".join(c.choices[0].delta.content or "" for c in chunks)
+    finish = [c.choices[0].finish_reason for c in chunks if c.choices[0].finish_reason]
+    return content, [tuple(folded[i]) for i in sorted(folded)], finish  # type: ignore[misc]
+
+
 def test_a_reply_cut_short_or_stopped_holds_no_wrapper_json(openai_client) -> None:
     for stream in (False, True):
         options = {"tools": [WEATHER, PRICE], "tool_choice": "required", "max_tokens": 10}
-        if stream:
-            chunks = list(_call(openai_client, stream=True, **options))
-            content = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
-            calls = [tc for c in chunks if c.choices for tc in (c.choices[0].delta.tool_calls or [])]
-            finish = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
-        else:
-            [choice] = _call(openai_client, **options).choices
-            content, calls, finish = choice.message.content or "", choice.message.tool_calls or [], [choice.finish_reason]
-        assert (content, calls, finish) == ("", [], ["length"])
+        content, calls, finish = _folded(openai_client, stream, **options)
+        assert (content, finish) == ("", ["length"])
+        # At most the call the limit cut, with the arguments written so far (never JSON of a whole call).
+        assert len(calls) <= 1 and all(name in ("get_weather", "get_price") for _, name, _ in calls)
     # With "auto", a stop string applies to the answer: the wrapper's '"name"' does not stop it.
     [choice] = _call(openai_client, tools=[WEATHER], tool_choice="auto", max_tokens=14, stop=['"name"', "{"]).choices
     assert "{" not in (choice.message.content or "") and "__answer__" not in (choice.message.content or "")
+
+
+# The issue's repro: two tools, a named choice of one whose free-text string argument the small
+# model keeps writing, and a small max_tokens.
+FREE_PRICE = {"type": "function", "function": {"name": "get_price", "description": "Price of a product in EUR.",
+              "parameters": {"type": "object", "properties": {"product": {"type": "string"}},
+                             "required": ["product"]}}}
+FREE_STOCK = {"type": "function", "function": {"name": "get_stock", "description": "Units of a product in stock.",
+              "parameters": {"type": "object", "properties": {"product": {"type": "string"}},
+                             "required": ["product"]}}}
+LONG_ASK = [{"role": "user", "content": "What does the long-sleeved organic cotton midi dress with the ruby red "
+                                        "floral print and mother-of-pearl buttons, size 38, cost?"}]
+
+
+def test_a_forced_call_cut_by_max_tokens_comes_back_with_partial_arguments(openai_client) -> None:
+    """It used to come back as finish_reason "length", content "", tool_calls None; vLLM's server and
+    OpenAI return the call with the arguments generated so far."""
+    options = {"messages": LONG_ASK, "tools": [FREE_PRICE, FREE_STOCK], "max_tokens": 24,
+               "tool_choice": {"type": "function", "function": {"name": "get_price"}}}
+    response = _call(openai_client, **options)
+    [choice] = response.choices
+    assert choice.finish_reason == "length" and not choice.message.content
+    assert response.usage.completion_tokens == 24
+    [call] = choice.message.tool_calls
+    assert call.type == "function" and call.id.startswith("call_") and call.function.name == "get_price"
+    assert re.match(r'\{\s*"product"\s*:\s*"[^"]+$', call.function.arguments), call.function.arguments
+    with pytest.raises(ValueError):
+        json.loads(call.function.arguments)
+    content, calls, finish = _folded(openai_client, True, **options)
+    assert (content, finish) == ("", ["length"])
+    assert [(name, arguments) for _, name, arguments in calls] == [("get_price", call.function.arguments)]
+
+
+def test_an_empty_tool_reply_is_logged_with_the_raw_text(openai_client, caplog: pytest.LogCaptureFixture) -> None:
+    """A reply with tools that holds neither prose nor a call (here: cut inside the answer's wrapper)
+    is logged at debug level with what the model wrote."""
+    with caplog.at_level(logging.DEBUG, logger="gpuprompt"):
+        [choice] = _call(openai_client, tools=[FREE_PRICE], tool_choice="auto", max_tokens=3).choices
+    assert choice.finish_reason == "length" and not choice.message.content and not choice.message.tool_calls
+    [record] = [r for r in caplog.records if "neither prose nor a tool call" in r.getMessage()]
+    assert record.levelno == logging.DEBUG and "'{" in record.getMessage()

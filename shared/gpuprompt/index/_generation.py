@@ -174,19 +174,39 @@ def _fail(path: Path, what: str) -> SnapshotError:
     return SnapshotError(f"index snapshot {str(path)!r} is refused: {what}. Save it again from the source index.")
 
 
+def _exists(path: Path) -> bool:
+    """Whether ``path`` exists; a permission refusal is raised, not taken for a missing file."""
+    try:
+        os.lstat(path)
+    except PermissionError:
+        raise
+    except OSError:
+        return False
+    return True
+
+
 def read_generation(folder: Path) -> Snapshot:
-    """Read and verify one generation folder."""
+    """Read and verify one generation folder.
+
+    Raises:
+        SnapshotError: the folder is not a whole, well-formed generation.
+        PermissionError: this process may not read it (the caller names the snapshot).
+    """
     try:
         is_dir = stat.S_ISDIR(os.stat(folder).st_mode)
+    except PermissionError:
+        raise
     except OSError as exc:
         raise _fail(folder, f"it cannot be read ({exc})") from exc
-    if not is_dir or not os.path.lexists(folder / _MANIFEST):
+    if not is_dir or not _exists(folder / _MANIFEST):
         raise SnapshotError(
             f"{str(folder)!r} is not an index snapshot: it has no {_MANIFEST}. Pass a folder written by "
             "VectorIndex.save()."
         )
     try:
         manifest = read_manifest(folder)
+    except PermissionError:
+        raise
     except (OSError, UnicodeDecodeError, ValueError, RecursionError) as exc:
         raise _fail(folder, f"{_MANIFEST} is not valid JSON ({exc})") from exc
     _check_manifest(folder, manifest)
@@ -195,6 +215,8 @@ def read_generation(folder: Path) -> Snapshot:
         file = folder / name
         try:
             status = os.lstat(file)
+        except PermissionError:
+            raise
         except OSError:
             raise _fail(folder, f"{name} is missing") from None
         if not stat.S_ISREG(status.st_mode):
@@ -285,6 +307,8 @@ def _load_array(folder: Path, name: str, dtype: Any, shape: tuple[int, ...]) -> 
         # read_array reads the .npy format only: no .npz (zip) path, no pickle.
         with open(folder / name, "rb") as handle:
             array = np.lib.format.read_array(handle, allow_pickle=False)
+    except PermissionError:
+        raise
     except Exception as exc:  # noqa: BLE001 - any malformed file is a damaged snapshot
         raise _fail(folder, f"{name} is not a plain numeric .npy array ({exc})") from exc
     if not isinstance(array, np.ndarray) or array.dtype != dtype or array.shape != shape:

@@ -491,9 +491,10 @@ class VectorIndex(AsyncIndexMixin, GroupSearchMixin, HybridSearchMixin):
 
         Raises:
             InputTypeError: ``path`` is not a str or path object.
-            InvalidInputError: ``path`` exists and is neither a snapshot nor an empty folder (nothing
-                there is changed), or names no folder.
-            OSError: the file system refused a write (the previous snapshot stays loadable).
+            InvalidInputError: ``path`` exists and is neither a snapshot nor an empty folder, or lies
+                below a file (nothing there is changed), or names no folder.
+            StorageError: the file system refused a write, such as a folder this process may not
+                write (an ``OSError``; the message names the path; the previous snapshot stays loadable).
         """
         from gpuprompt.index._persist import snapshot_names
 
@@ -524,7 +525,10 @@ class VectorIndex(AsyncIndexMixin, GroupSearchMixin, HybridSearchMixin):
         Raises:
             ConfigurationError: an unknown or invalid ``device``, ``backend`` or option.
             InputTypeError: ``path`` is not a str or path object.
-            SnapshotError: missing, truncated, tampered with, or of another format version.
+            SnapshotError: missing (also below a file), truncated, tampered with, or of another
+                format version.
+            StorageError: the file system refused a read, such as a folder this process may not read
+                (an ``OSError`` naming the path; no older generation is loaded in its place).
         """
         config, snapshot = open_snapshot(path, device, backend, options)
         index = cls(config=config)

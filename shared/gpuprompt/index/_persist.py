@@ -49,7 +49,7 @@ from typing import Any
 
 import numpy as np
 
-from gpuprompt.errors import InputTypeError, InvalidInputError, SnapshotError, describe
+from gpuprompt.errors import GPUPromptError, InputTypeError, InvalidInputError, SnapshotError, StorageError, describe
 from gpuprompt.index._generation import (
     FORMAT,
     FORMAT_VERSION,
@@ -220,13 +220,51 @@ def _is_empty_dir(folder: Path) -> bool:
 
 
 def _check_target(target: Path) -> None:
-    """Refuse to replace anything at ``target`` that gpuprompt cannot prove it wrote."""
+    """Refuse to replace anything at ``target`` that gpuprompt cannot prove it wrote, or a path
+    below a file."""
+    blocker = _file_above(target)
+    if blocker is not None:
+        raise InvalidInputError(
+            f"'path' must be a folder path whose parents are folders (got {str(target)!r}, but "
+            f"{str(blocker)!r} is a file); choose another path: nothing was changed."
+        )
     if not os.path.lexists(target) or _is_ours(target) or _is_empty_dir(target):
         return
     raise InvalidInputError(
         f"'path' must be a new folder or an existing index snapshot (got {str(target)!r}, which exists and "
         "is not a snapshot); choose another path: nothing there was changed."
     )
+
+
+def _file_above(target: Path) -> Path | None:
+    """The nearest existing parent of ``target`` when it is not a folder (a file in the way), else None."""
+    for parent in target.parents:
+        try:
+            info = os.stat(parent)  # a link to a folder is a folder
+        except (FileNotFoundError, NotADirectoryError):
+            continue  # missing, or below a file further up: look higher
+        except OSError:
+            return None  # unreadable: the file system's own refusal names it later
+        return None if stat.S_ISDIR(info.st_mode) else parent
+    return None
+
+
+def _refused(exc: OSError, target: Path, action: str) -> StorageError:
+    """A file-system refusal while saving or loading ``target``, as a StorageError naming both paths."""
+    where = Path(os.fsdecode(exc.filename)) if exc.filename is not None else target
+    if where.parent == target.parent and where.name.startswith(f".{target.name}{_TAG}"):
+        where = target.parent  # a lock or temporary name of the protocol: the folder is what to fix
+    place = f"in {str(where)!r}" if where == target.parent else repr(str(where))
+    if isinstance(exc, PermissionError):
+        reason = f"this process may not {action} {place} ({exc.strerror})"
+        fix = (f"run as a user who may {action} there, change the folder's permissions, or choose a path this "
+               "process can use")
+    else:
+        reason = f"the file system refused to {action} {place} ({exc.strerror or exc})"
+        fix = "free space or make the file system writable, or choose another path"
+    kept = " (the previous snapshot, if any, is kept)" if action == "write" else ""
+    return StorageError(f"could not {action} the index snapshot {str(target)!r}: {reason}; {fix}{kept}.",
+                        errno=exc.errno, filename=str(where))
 
 
 @contextmanager
@@ -315,12 +353,30 @@ def write_snapshot(
     Raises:
         InputTypeError: ``path`` is not a str or path object.
         InvalidInputError: ``path`` is a file, a symbolic link or a non-empty folder that is not a
-            snapshot (nothing there is changed), or a name gpuprompt reserves.
-        OSError: the file system refused a write (the previous snapshot is kept).
+            snapshot, or lies below a file (nothing there is changed), or a name gpuprompt reserves.
+        StorageError: the file system refused a write, such as a folder this process may not write
+            (an ``OSError``; the previous snapshot is kept).
     """
     names = _Names(_target(path))
     target = names.target
     _check_target(target)  # before creating anything beside it
+    try:
+        return _write(names, header, vectors, labels, records, faiss_index)
+    except OSError as exc:
+        if isinstance(exc, GPUPromptError):
+            raise
+        raise _refused(exc, target, "write") from exc
+
+
+def _write(
+    names: _Names,
+    header: dict[str, Any],
+    vectors: np.ndarray,
+    labels: np.ndarray,
+    records: Iterable[tuple[str, str | None, dict[str, Any]]],
+    faiss_index: np.ndarray | None,
+) -> Path:
+    target = names.target
     target.parent.mkdir(parents=True, exist_ok=True)
     with _locked(names.lock, exclusive=True):
         _step("locked")
@@ -369,29 +425,38 @@ def read_snapshot(path: str | os.PathLike[str]) -> Snapshot:
     Raises:
         InputTypeError: ``path`` is not a str or path object.
         InvalidInputError: ``path`` names no folder, or a name gpuprompt reserves.
-        SnapshotError: no generation exists, or none verifies (the message gives MAIN's reason).
+        SnapshotError: no generation exists (the message says when a parent of ``path`` is a file),
+            or none verifies (the message gives MAIN's reason).
+        StorageError: the file system refused a read, such as a folder this process may not read
+            (an ``OSError``; an older generation is never loaded in its place).
     """
     names = _Names(_target(path))
     target = names.target
     refusals: list[tuple[str, SnapshotError]] = []
     with _locked(names.lock, exclusive=False):
         for folder, generation in ((target, "main"), (names.prev, "previous")):
-            if not os.path.lexists(folder):
-                continue
+            try:
+                os.lstat(folder)
+            except PermissionError as exc:
+                raise _refused(exc, target, "read") from exc
+            except OSError:
+                continue  # missing (or below a file)
             try:
                 snapshot = read_generation(folder)
             except SnapshotError as exc:
                 refusals.append((generation, exc))
                 continue
+            except PermissionError as exc:
+                raise _refused(exc, target, "read") from exc
             snapshot.generation = generation
             if generation == "previous":
                 reason = f": {refusals[0][1]}" if refusals else " (it is missing: a save was interrupted)"
                 logger.warning("index snapshot %s was not loaded%s; loaded its previous generation", target, reason)
             return snapshot
     if not refusals:
-        raise SnapshotError(
-            f"no index snapshot at {str(target)!r}: the folder does not exist. Pass the path given to save()."
-        )
+        blocker = _file_above(target)
+        why = f"{str(blocker)!r} is a file, not a folder" if blocker is not None else "the folder does not exist"
+        raise SnapshotError(f"no index snapshot at {str(target)!r}: {why}. Pass the path given to save().")
     message = str(refusals[0][1])
     if len(refusals) > 1:
         message += f" Its previous generation was refused too: {refusals[1][1]}"

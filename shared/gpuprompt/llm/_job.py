@@ -8,6 +8,7 @@ loop). A job ends exactly once: finished, failed or aborted.
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 import time
 from collections import deque
@@ -21,6 +22,8 @@ from gpuprompt.llm._tools import ToolCallDelta
 from gpuprompt.llm._types import GenerationResult, Timings, Usage
 
 __all__ = ["End", "Failure", "Job", "Text"]
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -194,7 +197,8 @@ class Job:
                 return False
             text, tool_calls = "".join(self._pieces), ()
             if self._parser is not None:
-                prose, calls = ("", ()) if self._stop_hit else self._parser.finish()
+                # A call the token limit cut short comes back with its partial arguments, as OpenAI's.
+                prose, calls = ("", ()) if self._stop_hit else self._parser.finish(cut=finish_reason == "length")
                 prose = self._cut(prose, final=True)
                 if self._stop_hit:  # the row ended (or was aborted) at a stop string in the prose
                     finish_reason = "stop"
@@ -202,6 +206,10 @@ class Job:
                     self._post(Text(prose, calls))
                 text = self._prose if self._stops.stops else self._parser.text
                 tool_calls = tuple(self._parser.calls)
+                if not tool_calls and not text.strip() and finish_reason != "abort":
+                    logger.debug("request %s: a reply with tools held neither prose nor a tool call "
+                                 "(finish_reason %s); the model wrote %r", self.request_id, finish_reason,
+                                 "".join(self._pieces))
                 # "length" (the token limit) and "abort" stay: OpenAI says "tool_calls" only when
                 # the model ended its reply with calls.
                 if tool_calls and finish_reason not in ("abort", "length"):

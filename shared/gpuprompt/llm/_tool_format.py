@@ -16,7 +16,9 @@
   or parsed.
 * **Parser.** :class:`ToolOutputParser` reads the reply incrementally (streaming) or at once and
   yields prose plus :class:`ToolCall` objects; both paths run the same code, so a stream's deltas
-  concatenate to the non-streamed result.
+  concatenate to the non-streamed result. A call the token limit cut short comes back as OpenAI
+  and vLLM's server return it: its id, its name and the argument text generated so far, marked
+  :attr:`ToolCall.incomplete` (the calls before it in a list are whole).
 """
 
 from __future__ import annotations
@@ -42,6 +44,8 @@ _BLOCK = re.compile(r"\s*(\{.*\})\s*", re.DOTALL)
 _ANSWER_PREFIX = re.compile(
     r'^\s*\{\s*"name"\s*:\s*"' + ANSWER_TOOL + r'"\s*,\s*"arguments"\s*:\s*\{\s*"content"\s*:\s*', re.DOTALL
 )
+# The head of a call cut short: its whole name, then (once written) the start of its arguments.
+_CUT_CALL = re.compile(r'\s*\{\s*"name"\s*:\s*"([A-Za-z0-9_.-]{1,64})"(\s*,\s*"arguments"\s*:\s*)?', re.DOTALL)
 
 
 def template_supports_tools(tokenizer: Any) -> bool:
@@ -66,6 +70,13 @@ class ToolPlan:
         answer: how the pseudo-tool's content maps to text: ``"text"`` (a string) or ``"json"``
             (a JSON value, dumped: the answer follows a ``response_format``); None when the
             reply must be calls.
+        calls_schema: the JSON schema of the calls alone (definitions included) when the prose
+            form is free text (``"auto"`` without a constraint on the answer). The backends that
+            decode with xgrammar then decode the union of these calls and a prose form whose
+            content holds at least one non-blank character (JSON schema's ``pattern`` and
+            ``minLength`` would forbid escapes such as ``\\n`` in xgrammar), so the reply is never
+            an empty answer; :attr:`schema` (the prose form as any string) stays the portable
+            constraint sent to other servers.
     """
 
     kind: Literal["json", "tagged", "off"]
@@ -75,6 +86,7 @@ class ToolPlan:
     parallel: bool
     schema: Mapping[str, Any] | None = None
     answer: Literal["text", "json"] | None = None
+    calls_schema: Mapping[str, Any] | None = None
 
     @property
     def guided(self) -> dict[str, Any] | None:
@@ -216,11 +228,14 @@ def plan_tools(request: Any, native: bool) -> ToolPlan | None:
     options = [_call_schema(tool.name, _embed(tool.parameters, tool.name, defs)) for tool in bound]
     call = options[0] if len(options) == 1 else {"anyOf": options}
     reply: dict[str, Any] = {"type": "array", "items": call, "minItems": 1} if parallel else call
+    calls_schema = None
     if answer_schema is not None:
+        if request.guided is None:  # free prose: xgrammar backends require a non-blank answer
+            calls_schema = {**reply, "$defs": defs} if defs else reply
         reply = {"anyOf": [answer_schema, *reply.get("anyOf", [reply])]}
     if defs:
         reply = {**reply, "$defs": defs}
-    return ToolPlan("json", native, tools, choice, parallel, reply, answer)
+    return ToolPlan("json", native, tools, choice, parallel, reply, answer, calls_schema)
 
 
 # ---------------------------------------------------------------------- prompt
@@ -361,7 +376,9 @@ class ToolOutputParser:
     """Turns a reply under a :class:`ToolPlan` into prose and tool calls, piece by piece.
 
     ``feed`` returns the prose and call deltas that are certain so far; ``finish`` returns the
-    rest plus the complete calls. Streaming and non-streaming replies run the same code.
+    rest plus the complete calls. Streaming and non-streaming replies run the same code. Whole calls
+    are handed out once complete; a call the token limit cut short is handed out by ``finish(cut=True)``
+    with the argument text generated so far (:attr:`ToolCall.incomplete`).
     """
 
     def __init__(self, plan: ToolPlan) -> None:
@@ -371,6 +388,8 @@ class ToolOutputParser:
         self.calls: list[ToolCall] = []
         self._pos = 0  # tagged: how far the buffer is consumed
         self._seen = 0  # json list: items already turned into calls
+        self._list_end = 0  # json list: where the first item not yet complete begins
+        self._cut = False  # finish(cut=True): the token limit ended the reply
 
     def feed(self, text: str) -> tuple[str, tuple[ToolCallDelta, ...]]:
         """Add generated text; return new prose and new call deltas."""
@@ -383,16 +402,27 @@ class ToolOutputParser:
             return self._scan(final=False)
         return self._emit(self.buffer), ()
 
-    def finish(self) -> tuple[str, tuple[ToolCallDelta, ...]]:
-        """End of the reply: the remaining prose and call deltas (:attr:`calls` is then complete)."""
+    def finish(self, *, cut: bool = False) -> tuple[str, tuple[ToolCallDelta, ...]]:
+        """End of the reply: the remaining prose and call deltas (:attr:`calls` is then complete).
+
+        Args:
+            cut: the token limit ended the reply (``finish_reason == "length"``): a call it cut
+                short is handed out with the argument text written so far, marked incomplete.
+                Otherwise a broken call is never a call (a tagged block stays prose).
+        """
+        self._cut = cut
         if self.plan.kind == "tagged":
             return self._scan(final=True)
         if self.plan.kind != "json":
             return self._emit(self.buffer), ()
         stripped = self.buffer.lstrip()
         if stripped.startswith("["):
-            # A list of calls; one cut short (max_tokens) keeps its complete calls, the cut one goes.
-            return "", self._list_calls()
+            # A list of calls: the complete ones were handed out as they closed; one cut short
+            # (max_tokens) follows them, incomplete.
+            deltas = self._list_calls()
+            rest = self.buffer[self._list_end :].lstrip(" \t\r\n,")
+            call = self._cut_call(rest) if cut and rest.startswith("{") else None
+            return "", deltas + (self._add_calls([call]) if call is not None else ())
         try:
             payload = json.loads(self.buffer)
         except ValueError:
@@ -407,7 +437,11 @@ class ToolOutputParser:
             # Not the constrained JSON at all (the backend lifted a constraint its tokens broke):
             # what the model wrote is its reply.
             return self._emit(self.buffer), ()
-        # A call (or the answer's wrapper) cut short before its content: nothing of it is handed out.
+        call = self._cut_call(stripped) if cut else None
+        if call is not None:
+            return "", self._add_calls([call])
+        # The answer's wrapper cut before its content, or a call cut before its name is known:
+        # nothing of it is handed out.
         return "", ()
 
     @property
@@ -430,6 +464,28 @@ class ToolOutputParser:
         self.calls.extend(calls)
         return tuple(ToolCallDelta(start + i, c.id, c.name, c.arguments) for i, c in enumerate(calls))
 
+    def _cut_call(self, text: str) -> ToolCall | None:
+        """The call ``text`` (one call's JSON, cut short) was writing, or None when its tool is not
+        known yet. Its arguments are the text after ``"arguments":`` as generated; a call whose
+        arguments object is already whole (only its wrapper was cut) is a complete call."""
+        names = {t.name for t in self.plan.tools}
+        match = _CUT_CALL.match(text)
+        if match is not None:
+            name, arguments = match.group(1), text[match.end() :] if match.group(2) else ""
+        elif self.plan.choice in names and text.lstrip().startswith("{"):
+            name, arguments = self.plan.choice, ""  # a named choice: the tool is known before its name is written
+        else:
+            return None
+        if name not in names:
+            return None
+        try:
+            value = json.loads(arguments)
+        except ValueError:
+            value = None
+        if isinstance(value, dict):
+            return ToolCall(new_call_id(), name, json.dumps(value, ensure_ascii=False))
+        return ToolCall(new_call_id(), name, arguments, incomplete=True)
+
     def _list_calls(self) -> tuple[ToolCallDelta, ...]:
         """New calls completed in a JSON list of calls (each is handed out once it is complete)."""
         decoder = json.JSONDecoder()
@@ -446,6 +502,7 @@ class ToolOutputParser:
             except ValueError:
                 break
             items.append(item)
+        self._list_end = pos
         fresh = items[self._seen :]
         self._seen = len(items)
         calls = [_to_call(item, self.plan.tools) for item in fresh]
@@ -493,6 +550,8 @@ class ToolOutputParser:
                     call = _to_call(json.loads(match.group(1)), self.plan.tools)
                 except ValueError:
                     call = None
+            if call is None and end < 0 and self._cut:
+                call = self._cut_call(inner)  # the token limit cut this block: an incomplete call
             if call is not None:
                 deltas.extend(self._add_calls([call]))
             else:

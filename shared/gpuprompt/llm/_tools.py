@@ -165,16 +165,25 @@ class ToolCall:
         id: the call's id (``call_`` and 24 hex digits when generated here).
         name: the tool's name.
         arguments: the arguments as JSON text of an object.
+        incomplete: the reply was cut short (``max_tokens`` or the context window: its
+            ``finish_reason`` is ``"length"``) while the model was writing this call, as OpenAI and
+            vLLM's server hand such a call out: ``arguments`` is then the text generated so far
+            (often not valid JSON, possibly ``""``) and :attr:`args` raises. Only a reply's last
+            call can be incomplete; calls in a conversation's history never are.
     """
 
     id: str
     name: str
     arguments: str
+    incomplete: bool = False
 
     def __post_init__(self) -> None:
         check_str(self.id, "tool_call.id", allow_empty=False, max_length=MAX_ID)
         _check_name(self.name, "tool_call.name")
         check_str(self.arguments, "tool_call.arguments")
+        check_bool(self.incomplete, "tool_call.incomplete")
+        if self.incomplete:
+            return
         try:
             value = json.loads(self.arguments)
         except ValueError:
@@ -184,8 +193,24 @@ class ToolCall:
 
     @property
     def args(self) -> dict[str, Any]:
-        """The arguments, parsed."""
-        return json.loads(self.arguments)
+        """The arguments, parsed.
+
+        Raises:
+            InvalidInputError: the call is :attr:`incomplete` and its arguments are not a whole JSON
+                object (a ``ValueError``, as ``json.loads`` raises).
+        """
+        try:
+            value = json.loads(self.arguments)
+        except ValueError:
+            if not self.incomplete:
+                raise
+            value = None
+        if not isinstance(value, dict):
+            raise InvalidInputError(
+                f"the arguments of tool call {self.id!r} ({self.name}) were cut short by max_tokens (got "
+                f"{describe(self.arguments)}); raise max_tokens, or read the partial text from 'arguments'."
+            )
+        return value
 
     def to_openai(self) -> dict[str, Any]:
         """``{"id", "type": "function", "function": {"name", "arguments"}}``."""

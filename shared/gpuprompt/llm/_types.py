@@ -118,7 +118,9 @@ class GenerationResult:
         model: the engine's model name.
         request_id: the request's id (the caller's, or a generated one).
         tool_calls: the tool calls of the reply (then ``text`` holds only the prose besides them,
-            often ``""``).
+            often ``""``). When ``max_tokens`` cut a call short (``finish_reason`` ``"length"``),
+            it is the last one, with the argument text generated so far and
+            :attr:`~gpuprompt.llm.ToolCall.incomplete` set, as OpenAI and vLLM's server return it.
     """
 
     text: str
@@ -139,7 +141,9 @@ class StreamDelta:
         finish_reason: None until the last delta.
         usage: None until the last delta.
         tool_calls: pieces of tool calls (the first delta of an index carries its id and name;
-            the ``arguments`` fragments of an index concatenate to the call's JSON arguments).
+            the ``arguments`` fragments of an index concatenate to the call's JSON arguments, or,
+            for a call ``max_tokens`` cut short, to the text generated so far: it comes last, with
+            ``finish_reason`` ``"length"``).
     """
 
     text: str

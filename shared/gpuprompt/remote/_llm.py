@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 import threading
 import time
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
@@ -30,7 +31,7 @@ from gpuprompt.llm._types import EngineStats, GenerationRequest, GenerationResul
 from gpuprompt.remote._client import SERVICE, RemoteClient, client_for
 from gpuprompt.remote._config import RemoteConfig
 from gpuprompt.remote._embedder import _health, _model_ids, _served_model
-from gpuprompt.wire import SESSION_HEADER, redact, request_body
+from gpuprompt.wire import HEALTH, MODELS, SESSION_HEADER, redact, request_body
 
 __all__ = ["SESSION_HEADER", "RemoteLLM", "request_body"]
 
@@ -104,8 +105,7 @@ class _Reader:
         end = time.monotonic()
         first = self.first_token or end
         try:
-            calls = tuple(ToolCall(id=slot[0], name=slot[1], arguments="".join(slot[2]) or "{}")
-                          for _, slot in sorted(self.calls.items()))
+            calls = tuple(_call(slot, cut=self.finish_reason == "length") for _, slot in sorted(self.calls.items()))
         except GPUPromptError as exc:  # the server hands out checked calls; kept for a foreign server
             raise EngineError(f"{SERVICE} at {redact(root)} sent a malformed tool call: {exc}") from exc
         return GenerationResult(
@@ -118,6 +118,20 @@ class _Reader:
             request_id=request_id or self.id or "",
             tool_calls=calls,
         )
+
+
+def _call(slot: list[Any], *, cut: bool) -> ToolCall:
+    """A streamed call folded whole; under ``finish_reason == "length"`` a call whose arguments are
+    not a JSON object is the one the limit cut short (OpenAI's shape): kept as an incomplete call."""
+    arguments = "".join(slot[2])
+    if cut:
+        try:
+            whole = isinstance(json.loads(arguments), dict)
+        except ValueError:
+            whole = False
+        if not whole:
+            return ToolCall(id=slot[0], name=slot[1], arguments=arguments, incomplete=True)
+    return ToolCall(id=slot[0], name=slot[1], arguments=arguments or "{}")
 
 
 def _call_delta(call: Any) -> ToolCallDelta:
@@ -230,9 +244,9 @@ class RemoteLLM:
         ``model`` it does not serve raises ``ConfigurationError`` naming the served ones."""
         self._check_open()
         if self._served is None:
-            models = self.client.request("GET", "/models")
+            models = self.client.request("GET", MODELS)
             try:
-                health = self.client.request("GET", "/health")
+                health = self.client.request("GET", HEALTH)
             except GPUPromptError:  # not a gpuprompt server: the model list must do
                 health = {}
             self._choose(_health(health), models)
@@ -242,15 +256,21 @@ class RemoteLLM:
         """Async :meth:`load` (never blocks the caller's loop)."""
         self._check_open()
         if self._served is None:
-            models = await self.client.arequest("GET", "/models")
+            models = await self.client.arequest("GET", MODELS)
             try:
-                health = await self.client.arequest("GET", "/health")
+                health = await self.client.arequest("GET", HEALTH)
             except GPUPromptError:
                 health = {}
             self._choose(_health(health), models)
         return self
 
     def _choose(self, health: dict[str, Any], models: Any) -> None:
+        if "chat_model" in health and health["chat_model"] is None:  # gpuprompt serve --chat-model none
+            raise ConfigurationError(
+                f"the server at {redact(self.client.root)} serves no chat model (it was started with --chat-model "
+                "none: embeddings and rerank only); point base_url at a server that serves chat, or restart this "
+                "one with --chat-model NAME (or without the flag for the bundled model)."
+            )
         self._served = _served_model(self.model, health.get("chat_model"), _model_ids(models, self.client.root),
                                      "chat", self.client.root)
 

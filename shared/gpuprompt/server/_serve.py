@@ -85,7 +85,9 @@ def serve(
         max_model_len: the chat model's context window (None: the engine's default); with
             ``llm_url``, the fleet's.
         graceful_timeout_s: how long SIGTERM waits for in-flight requests; None waits for ever.
-        log_level: uvicorn's log level.
+        log_level: uvicorn's log level; ``"debug"`` (or ``"trace"``) also sets gpuprompt's own
+            loggers to debug (for example a reply with tools that held neither prose nor a call is
+            logged with the model's raw text).
 
     Returns:
         The exit status: 0 after a clean shutdown, 1 when the server could not start.
@@ -126,6 +128,8 @@ def serve(
         max_model_len=max_model_len,
         data_dir=data_dir,
     )
+    if log_level in ("debug", "trace"):
+        logging.getLogger("gpuprompt").setLevel(logging.DEBUG)
     app = create_app(config)
     server = uvicorn.Server(
         uvicorn.Config(

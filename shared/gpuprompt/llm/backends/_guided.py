@@ -8,10 +8,16 @@ per-sequence object over a compiled grammar shared across requests (compilation 
 the compiler), and it fills a token bitmask for one row of a batch at a time, which is exactly
 what a padded batch with constrained and unconstrained rows needs. llguidance would also fit;
 outlines-core builds a full token-level index per regex, which is slow for large JSON schemas.
+
+Tool replies under ``tool_choice="auto"`` with a free-text answer are decoded under one EBNF grammar
+on both backends (:func:`decoding_constraint`): the calls' JSON schema, or the prose form with at
+least one non-blank character. JSON schema cannot say "non-blank" here: xgrammar 0.2's strings
+under ``pattern`` or ``minLength`` admit no escapes (no ``\\n``, no ``\\"``) in the answer.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import threading
@@ -20,24 +26,93 @@ from typing import Any
 
 from gpuprompt.errors import DependencyError, InvalidInputError
 
-__all__ = ["GrammarCache", "GuidedProcessor", "PenaltyProcessor", "check_constraint", "choice_grammar",
-           "constraints_to_check"]
+__all__ = ["COMPACT", "GrammarCache", "GuidedProcessor", "PenaltyProcessor", "answer_or_calls_grammar",
+           "check_constraint", "choice_grammar", "constraints_to_check", "decoding_constraint"]
 
 _FIELDS = {"json": "response_format", "json_object": "response_format", "regex": "guided_regex",
-           "choice": "guided_choice"}
+           "choice": "guided_choice", "grammar": "tools"}
+
+COMPACT: tuple[str, str] = (",", ":")
+"""The JSON separators (between items, after keys) the transformers backend decodes with; the vLLM
+backend decodes with xgrammar's defaults, ``(", ", ": ")``."""
+
+# The prose form's content after its opening quote: blanks (space, \n, \r, \t, \f escapes), one
+# character that is not blank (nor a control, nor a Unicode space; an escaped quote, backslash or
+# slash, or a \u escape above U+0020), then any JSON string characters up to the closing quote.
+_ANSWER_RULES = "\n".join([
+    r'answer_blank ::= " " | "\\" [nrtf]',
+    r'answer_first ::= [^\0-\x20\"\\\x7f-\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000\ufeff]'
+    r' | "\\" [\"\\/] | "\\u" answer_u',
+    r'answer_u ::= [1-9a-fA-F] answer_hex answer_hex answer_hex | "0" [1-9a-fA-F] answer_hex answer_hex'
+    r' | "00" [3-9a-fA-F] answer_hex | "002" [1-9a-fA-F]',
+    r"answer_hex ::= [0-9a-fA-F]",
+    r'answer_rest ::= ([^\0-\x1f\"\\] | "\\" ([\"\\/bfnrt] | "u" answer_hex answer_hex answer_hex answer_hex))*',
+])
+
+
+def _literal(text: str) -> str:
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+@functools.lru_cache(maxsize=256)
+def _answer_or_calls(calls_schema: str, separators: tuple[str, str] | None) -> str:
+    import xgrammar as xgr
+
+    from gpuprompt.llm._tools import ANSWER_TOOL
+
+    item, key = separators or (", ", ": ")
+    head = f'{{"name"{key}"{ANSWER_TOOL}"{item}"arguments"{key}{{"content"{key}"'
+    tail = _literal('"}}')  # the content's closing quote, then the arguments' and the call's braces
+    answer = xgr.Grammar.from_ebnf(f"root ::= {_literal(head)} answer_blank* answer_first answer_rest {tail}"
+                                   + "\n" + _ANSWER_RULES)
+    calls = xgr.Grammar.from_json_schema(calls_schema, any_whitespace=False, separators=separators)
+    return str(xgr.Grammar.union(answer, calls))
+
+
+def answer_or_calls_grammar(calls_schema: Mapping[str, Any], separators: tuple[str, str] | None = None) -> str:
+    """The EBNF grammar of a reply under ``tool_choice="auto"`` with a free-text answer: the calls
+    of ``calls_schema``, or the prose form ``{"name": "__answer__", "arguments": {"content": ...}}``
+    whose content holds at least one non-blank character (cached per schema).
+
+    Args:
+        calls_schema: the JSON schema of the calls (``ToolPlan.calls_schema``).
+        separators: the JSON separators the backend decodes with (None: xgrammar's compact defaults).
+
+    Raises:
+        InvalidInputError: a tool's schema cannot be compiled (names ``tools``).
+    """
+    try:
+        return _answer_or_calls(json.dumps(calls_schema), separators)
+    except Exception as exc:  # noqa: BLE001 - xgrammar raises RuntimeError/ValueError with its parser's message
+        raise InvalidInputError(f"'tools' could not be compiled for guided decoding: {exc}") from None
+
+
+def decoding_constraint(prepared: Any, separators: tuple[str, str] | None = None) -> Mapping[str, Any] | None:
+    """The constraint an xgrammar backend decodes ``prepared`` under: its ``guided``, except for a
+    reply whose plan has a free-text answer (``ToolPlan.calls_schema``), decoded under
+    ``{"grammar": EBNF}`` from :func:`answer_or_calls_grammar` so that the answer is never blank."""
+    plan = prepared.tool_plan
+    if plan is None or plan.kind != "json" or plan.calls_schema is None:
+        return prepared.guided
+    return {"grammar": answer_or_calls_grammar(plan.calls_schema, separators)}
 
 
 def _field(guided: Mapping[str, Any], field: str | None) -> str:
     return field if field is not None else _FIELDS.get(next(iter(guided)), "guided")
 
 
-def constraints_to_check(prepared: Any) -> list[tuple[Mapping[str, Any], str | None]]:
+def constraints_to_check(
+    prepared: Any, separators: tuple[str, str] | None = None
+) -> list[tuple[Mapping[str, Any], str | None]]:
     """The constraints to compile to check a prepared request, each with the request field to name
     when it fails (None: the field of the constraint's kind).
 
     A reply with tools decoded under a schema is checked as the user's own constraint first (a
-    ``response_format`` that fails is named so), then as the combined schema, which then can only
-    fail for the tools' schemas (named ``tools``).
+    ``response_format`` that fails is named so), then as what the backend decodes it under (see
+    :func:`decoding_constraint`), which then can only fail for the tools' schemas (named ``tools``).
+
+    Raises:
+        InvalidInputError: the tools' schemas cannot be turned into the reply's grammar.
     """
     guided = prepared.guided
     if guided is None:
@@ -46,7 +121,9 @@ def constraints_to_check(prepared: Any) -> list[tuple[Mapping[str, Any], str | N
     if plan is None or plan.kind != "json":
         return [(guided, None)]
     own = prepared.request.guided
-    return [*([(own, None)] if own is not None else []), (guided, "tools")]
+    decoded = decoding_constraint(prepared, separators)
+    assert decoded is not None
+    return [*([(own, None)] if own is not None else []), (decoded, "tools")]
 
 
 def check_constraint(guided: Mapping[str, Any], field: str | None = None) -> None:
@@ -67,6 +144,8 @@ def check_constraint(guided: Mapping[str, Any], field: str | None = None) -> Non
     try:
         if "json" in guided:
             xgr.Grammar.from_json_schema(json.dumps(guided["json"]), any_whitespace=False)
+        elif "grammar" in guided:
+            xgr.Grammar.from_ebnf(guided["grammar"])
         elif "regex" in guided:
             xgr.Grammar.from_regex(guided["regex"])
         elif "choice" in guided:
@@ -121,7 +200,7 @@ class GrammarCache:
             InvalidInputError: xgrammar cannot compile it (an unsupported schema or regex).
         """
         compiler = self._compiler
-        compact = {"any_whitespace": False, "separators": (",", ":")}
+        compact = {"any_whitespace": False, "separators": COMPACT}
         try:
             with self._lock:
                 if "json" in guided:
@@ -132,6 +211,8 @@ class GrammarCache:
                     return compiler.compile_regex(guided["regex"])
                 if "choice" in guided:
                     return compiler.compile_grammar(choice_grammar(guided["choice"]))
+                if "grammar" in guided:
+                    return compiler.compile_grammar(guided["grammar"])
         except Exception as exc:  # noqa: BLE001 - xgrammar raises RuntimeError/ValueError with its parser's message
             raise InvalidInputError(
                 f"'{_field(guided, field)}' could not be compiled for guided decoding: {exc}"

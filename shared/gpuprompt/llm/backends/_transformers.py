@@ -32,7 +32,14 @@ from gpuprompt.errors import (
 )
 from gpuprompt.llm._backend import Backend
 from gpuprompt.llm._job import Job, StopScanner
-from gpuprompt.llm.backends._guided import GrammarCache, GuidedProcessor, PenaltyProcessor, constraints_to_check
+from gpuprompt.llm.backends._guided import (
+    COMPACT,
+    GrammarCache,
+    GuidedProcessor,
+    PenaltyProcessor,
+    constraints_to_check,
+    decoding_constraint,
+)
 
 __all__ = ["TransformersBackend"]
 
@@ -218,7 +225,7 @@ class TransformersBackend(Backend):
                     f"'logit_bias' keys must be token ids below the vocabulary size {self._vocab_size} "
                     f"(got {bad[:5]})."
                 )
-        for guided, name in constraints_to_check(prepared):
+        for guided, name in constraints_to_check(prepared, COMPACT):
             self._grammar_cache().compile(guided, name)
 
     # ------------------------------------------------------------------ submission
@@ -392,10 +399,8 @@ class TransformersBackend(Backend):
         if any(job.prepared.guided is not None for job in jobs):
             # The grammar mask runs after the penalties and before temperature / top-k / top-p.
             cache = self._grammar_cache()
-            matchers = [
-                None if job.prepared.guided is None else cache.matcher(cache.compile(job.prepared.guided))
-                for job in jobs
-            ]
+            constraints = [decoding_constraint(job.prepared, COMPACT) for job in jobs]
+            matchers = [None if c is None else cache.matcher(cache.compile(c)) for c in constraints]
             processors.append(GuidedProcessor(rows, matchers, cache))
         with torch.inference_mode(), self._seeded(request.seed if sampling else None):
             self._model.generate(

@@ -220,8 +220,11 @@ class VLLMBackend(Backend):
         }
         if request.logit_bias:
             options["logit_bias"] = dict(request.logit_bias)
-        guided = job.prepared.guided
-        if guided is not None:
+        if job.prepared.guided is not None:
+            from gpuprompt.llm.backends._guided import decoding_constraint
+
+            guided = decoding_constraint(job.prepared)  # a free-text "auto" answer: an EBNF grammar
+            assert guided is not None
             options["structured_outputs"] = self._vllm["StructuredOutputsParams"](**guided)
         try:
             return self._vllm["SamplingParams"](**options)

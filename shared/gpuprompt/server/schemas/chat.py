@@ -389,7 +389,7 @@ class ToolCallOut(BaseModel):
     id: str
     type: Literal["function"] = "function"
     function: dict[str, str]
-    """``{"name": ..., "arguments": JSON text}``."""
+    """``{"name": ..., "arguments": JSON text}`` (partial text for a call cut by ``max_tokens``)."""
 
 
 class ChatChoiceMessage(BaseModel):
@@ -400,7 +400,9 @@ class ChatChoiceMessage(BaseModel):
     """The text; None when the reply only calls tools."""
     refusal: None = None
     tool_calls: list[ToolCallOut] | None = Field(None, exclude_if=lambda v: v is None)
-    """The calls, when the model called tools (``finish_reason`` is then ``"tool_calls"``)."""
+    """The calls, when the model called tools (``finish_reason`` is then ``"tool_calls"``; or
+    ``"length"`` when ``max_tokens`` cut the last call short: its ``arguments`` are then the text
+    generated so far, as vLLM's server and OpenAI return a cut call)."""
 
 
 class ChatChoice(BaseModel):
