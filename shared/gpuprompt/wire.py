@@ -15,7 +15,7 @@ What it holds::
 
 The error table, both ways::
     ``gpuprompt serve`` turns each core error into a status and an OpenAI error body
-    (``gpuprompt/server/_errors.py``); :func:`error_from_status` inverts it, so a caller in remote mode
+    (``gpuprompt/server/errors.py``); :func:`error_from_status` inverts it, so a caller in remote mode
     catches the same exceptions as in process::
 
         status  error.code / error.type                 raised here
@@ -85,7 +85,12 @@ if TYPE_CHECKING:
 
 __all__ = [
     "API_KEY_HEADERS",
+    "CACHE",
+    "CACHE_CLEAR",
+    "CACHE_LOOKUP",
+    "CACHE_UPDATE",
     "CHAT_COMPLETIONS",
+    "COLLECTIONS",
     "COLLECTION_NAME_PATTERN",
     "COMPLETIONS",
     "EMBEDDINGS",
@@ -104,9 +109,11 @@ __all__ = [
     "METRICS",
     "MODELS",
     "RERANK",
-    "SCORE",
     "RETRY_STATUSES",
+    "SCORE",
+    "SESSIONS",
     "SESSION_HEADER",
+    "V1",
     "WireError",
     "api_root",
     "check_answer",
@@ -133,13 +140,23 @@ SCORE = "/score"
 HEALTH = "/health"
 """Beside the ``/v1`` root, as :data:`METRICS`."""
 METRICS = "/metrics"
+V1 = "/v1"
+"""The server's API root: every path here sits below it (but :data:`HEALTH` and :data:`METRICS`)."""
+SESSIONS = "/sessions"
+"""``/sessions`` and ``/sessions/{id}/turns|window`` (the id percent-encoded as one segment)."""
+CACHE = "/cache"
+CACHE_LOOKUP = "/cache/lookup"
+CACHE_UPDATE = "/cache/update"
+CACHE_CLEAR = "/cache/clear"
+COLLECTIONS = "/collections"
+"""``/collections/{name}/...``: documents, query and chat (the server embeds), records (the client does)."""
 COLLECTION_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
 """Collection names: 1-64 letters, digits, ``.``, ``_`` or ``-``, starting with a letter or digit."""
 
 
 def collection_path(name: str, *parts: str) -> str:
     """``/collections/{name}/...`` (``name`` must match :data:`COLLECTION_NAME_PATTERN`: nothing to escape)."""
-    return "/".join(("/collections", name, *parts))
+    return "/".join((COLLECTIONS, name, *parts))
 
 
 def api_root(base_url: str) -> str:

@@ -11,6 +11,7 @@ from typing import Any, Literal
 from gpuprompt.batching import MAX_WAIT_MS_LIMIT
 from gpuprompt.errors import ConfigurationError, describe
 from gpuprompt.validation import INT64_MAX, check_int, check_number
+from gpuprompt.wire import SESSION_HEADER
 
 __all__ = ["BACKENDS", "LLMConfig"]
 
@@ -94,7 +95,7 @@ class LLMConfig:
     seed: int = 0
     base_url: str | None = None
     api_key: str | None = field(default=None, repr=False)
-    session_header: str | None = "X-Session-ID"
+    session_header: str | None = SESSION_HEADER
 
     def __post_init__(self) -> None:
         if self.model is not None and (not isinstance(self.model, str) or not self.model):

@@ -14,7 +14,7 @@ from gpuprompt.errors import ConfigurationError, EngineError
 from gpuprompt.remote._client import SERVICE, RemoteClient, client_for
 from gpuprompt.remote._config import RemoteConfig
 from gpuprompt.validation import check_number, check_str
-from gpuprompt.wire import MAX_ANSWER_BYTES, check_answer, redact
+from gpuprompt.wire import CACHE, CACHE_CLEAR, CACHE_LOOKUP, CACHE_UPDATE, MAX_ANSWER_BYTES, check_answer, redact
 
 __all__ = ["MAX_ANSWER_BYTES", "RemoteAnswerCache", "check_answer"]
 
@@ -108,14 +108,14 @@ class RemoteAnswerCache:
                 answer or the transport's failure (see :mod:`gpuprompt.remote`).
         """
         body = self._lookup_body(prompt, namespace, text, score_threshold)
-        return self._read(self.client.request("POST", "/cache/lookup", body, idempotent=True))
+        return self._read(self.client.request("POST", CACHE_LOOKUP, body, idempotent=True))
 
     async def alookup(
         self, prompt: str, namespace: str, *, text: str | None = None, score_threshold: float | None = None
     ) -> Any | None:
         """Async :meth:`lookup` (never blocks the caller's loop)."""
         body = self._lookup_body(prompt, namespace, text, score_threshold)
-        return self._read(await self.client.arequest("POST", "/cache/lookup", body, idempotent=True))
+        return self._read(await self.client.arequest("POST", CACHE_LOOKUP, body, idempotent=True))
 
     def update(self, prompt: str, namespace: str, value: Any, *, text: str | None = None) -> None:
         """Cache ``value`` for ``prompt`` in ``namespace`` (replacing an older entry); ``text`` as
@@ -127,12 +127,12 @@ class RemoteAnswerCache:
                 :data:`MAX_ANSWER_BYTES` as JSON.
             EngineError, EngineDeadError, QueueFullError, RequestTimeoutError: see :meth:`lookup`.
         """
-        self.client.request("POST", "/cache/update", _update_body(prompt, namespace, value, text), idempotent=False)
+        self.client.request("POST", CACHE_UPDATE, _update_body(prompt, namespace, value, text), idempotent=False)
 
     async def aupdate(self, prompt: str, namespace: str, value: Any, *, text: str | None = None) -> None:
         """Async :meth:`update`."""
         body = _update_body(prompt, namespace, value, text)
-        await self.client.arequest("POST", "/cache/update", body, idempotent=False)
+        await self.client.arequest("POST", CACHE_UPDATE, body, idempotent=False)
 
     # ------------------------------------------------------------------ housekeeping
     def clear(self, namespace: str | None = None) -> None:
@@ -144,24 +144,24 @@ class RemoteAnswerCache:
             EngineError, EngineDeadError, QueueFullError, RequestTimeoutError: see :meth:`lookup`.
         """
         if namespace is None:
-            self.client.request("DELETE", "/cache", idempotent=True)
+            self.client.request("DELETE", CACHE, idempotent=True)
         else:
-            self.client.request("POST", "/cache/clear", _namespace(namespace), idempotent=True)
+            self.client.request("POST", CACHE_CLEAR, _namespace(namespace), idempotent=True)
 
     async def aclear(self, namespace: str | None = None) -> None:
         """Async :meth:`clear`."""
         if namespace is None:
-            await self.client.arequest("DELETE", "/cache", idempotent=True)
+            await self.client.arequest("DELETE", CACHE, idempotent=True)
         else:
-            await self.client.arequest("POST", "/cache/clear", _namespace(namespace), idempotent=True)
+            await self.client.arequest("POST", CACHE_CLEAR, _namespace(namespace), idempotent=True)
 
     def stats(self) -> AnswerCacheStats:
         """A snapshot of the server cache's counters (every client's lookups)."""
-        return self._stats(self.client.request("GET", "/cache"))
+        return self._stats(self.client.request("GET", CACHE))
 
     async def astats(self) -> AnswerCacheStats:
         """Async :meth:`stats`."""
-        return self._stats(await self.client.arequest("GET", "/cache"))
+        return self._stats(await self.client.arequest("GET", CACHE))
 
     @property
     def max_entries(self) -> int:

@@ -12,7 +12,7 @@ import numpy as np
 from gpuprompt.errors import ClosedError, ConfigurationError, EngineError, GPUPromptError
 from gpuprompt.remote._client import SERVICE, RemoteClient, client_for
 from gpuprompt.remote._config import RemoteConfig
-from gpuprompt.wire import MAX_EMBEDDING_INPUTS, decode_vectors, redact
+from gpuprompt.wire import EMBEDDINGS, HEALTH, MAX_EMBEDDING_INPUTS, MODELS, decode_vectors, redact
 
 if TYPE_CHECKING:
     import torch
@@ -112,9 +112,9 @@ class RemoteEmbedder:
         a ``model`` it does not serve raises ``ConfigurationError`` naming the served ones."""
         self._check_open()
         if self._model_id is None or self._identity is None:
-            models = self.client.request("GET", "/models")
+            models = self.client.request("GET", MODELS)
             try:
-                health = self.client.request("GET", "/health")
+                health = self.client.request("GET", HEALTH)
             except GPUPromptError:  # not a gpuprompt server: the model list must do
                 health = {}
             self._choose(_health(health), models)
@@ -124,9 +124,9 @@ class RemoteEmbedder:
         """Async :meth:`load` (never blocks the caller's loop)."""
         self._check_open()
         if self._model_id is None or self._identity is None:
-            models = await self.client.arequest("GET", "/models")
+            models = await self.client.arequest("GET", MODELS)
             try:
-                health = await self.client.arequest("GET", "/health")
+                health = await self.client.arequest("GET", HEALTH)
             except GPUPromptError:  # not a gpuprompt server: the model list must do
                 health = {}
             self._choose(_health(health), models)
@@ -178,7 +178,7 @@ class RemoteEmbedder:
         self._check_open()
         if not chunks:
             return np.empty((0, self.dim), dtype=np.float32)
-        parts = [self._vectors(self.client.request("POST", "/embeddings", self._body(chunk), idempotent=True),
+        parts = [self._vectors(self.client.request("POST", EMBEDDINGS, self._body(chunk), idempotent=True),
                                len(chunk))
                  for chunk in chunks]
         return parts[0] if len(parts) == 1 else np.concatenate(parts)
@@ -193,7 +193,7 @@ class RemoteEmbedder:
             if self._dim is None:
                 await self.aembed([_PROBE])
             return np.empty((0, self.dim), dtype=np.float32)
-        parts = [self._vectors(await self.client.arequest("POST", "/embeddings", self._body(chunk), idempotent=True),
+        parts = [self._vectors(await self.client.arequest("POST", EMBEDDINGS, self._body(chunk), idempotent=True),
                                len(chunk))
                  for chunk in chunks]
         return parts[0] if len(parts) == 1 else np.concatenate(parts)

@@ -16,7 +16,7 @@ import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
@@ -40,8 +40,6 @@ from gpuprompt.index._search import SearchRequest, make_request
 from gpuprompt.index._types import Hit, IndexStats, Record
 from gpuprompt.remote._client import SERVICE, RemoteClient, client_for
 from gpuprompt.remote._config import RemoteConfig
-from gpuprompt.validation import check_choice, check_int, check_number, check_str, fail
-from gpuprompt.wire import COLLECTION_NAME_PATTERN, MAX_IDS_PER_REQUEST, redact
 from gpuprompt.remote._index_wire import (
     BODY_BUDGET,
     TextSearch,
@@ -55,6 +53,8 @@ from gpuprompt.remote._index_wire import (
     _size,
     _upsert_bodies,
 )
+from gpuprompt.validation import check_choice, check_int, check_number, check_str, fail
+from gpuprompt.wire import COLLECTION_NAME_PATTERN, MAX_IDS_PER_REQUEST, collection_path, redact
 
 __all__ = ["COLLECTION_NAME_PATTERN", "RemoteIndex"]
 
@@ -156,7 +156,7 @@ class RemoteIndex(GroupSearchMixin, HybridSearchMixin):
         self.client = client_for(base_url, api_key, client, options, owner="RemoteIndex")
         self.collection = collection
         self._metric = metric
-        self._path = f"/collections/{collection}/records"
+        self._path = collection_path(collection, "records")
         self._served: _Served | None = None
         self._setup_lock = threading.Lock()
         self._batcher: MicroBatcher[SearchRequest, Any] | None = None

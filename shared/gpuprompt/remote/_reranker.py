@@ -14,7 +14,7 @@ from gpuprompt.remote._config import RemoteConfig
 from gpuprompt.remote._embedder import _match, _model_ids
 from gpuprompt.rerank import RerankHit, check_documents, check_top_n
 from gpuprompt.validation import check_str
-from gpuprompt.wire import MAX_RERANK_DOCUMENTS, RERANK, SCORE, redact
+from gpuprompt.wire import HEALTH, MAX_RERANK_DOCUMENTS, MODELS, RERANK, SCORE, redact
 
 __all__ = ["RemoteReranker"]
 
@@ -75,9 +75,9 @@ class RemoteReranker:
         """
         self._check_open()
         if self._served is None:
-            models = self.client.request("GET", "/models")
+            models = self.client.request("GET", MODELS)
             try:
-                health = self.client.request("GET", "/health")
+                health = self.client.request("GET", HEALTH)
             except GPUPromptError:  # not a gpuprompt server: the model list must do
                 health = {}
             self._choose(health, models)
@@ -87,9 +87,9 @@ class RemoteReranker:
         """Async :meth:`load` (never blocks the caller's loop)."""
         self._check_open()
         if self._served is None:
-            models = await self.client.arequest("GET", "/models")
+            models = await self.client.arequest("GET", MODELS)
             try:
-                health = await self.client.arequest("GET", "/health")
+                health = await self.client.arequest("GET", HEALTH)
             except GPUPromptError:
                 health = {}
             self._choose(health, models)

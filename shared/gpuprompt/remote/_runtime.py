@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import dataclasses
 import threading
-from collections.abc import Hashable, Mapping
-from typing import TYPE_CHECKING, Any, Callable, TypeVar
+from collections.abc import Callable, Hashable, Mapping
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from gpuprompt.errors import ClosedError, ConfigurationError
 from gpuprompt.remote._client import RemoteClient, shared_client

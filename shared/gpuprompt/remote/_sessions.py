@@ -19,7 +19,7 @@ from gpuprompt.llm import ToolCall
 from gpuprompt.remote._client import SERVICE, RemoteClient, client_for
 from gpuprompt.remote._config import RemoteConfig
 from gpuprompt.validation import INT64_MAX, check_str
-from gpuprompt.wire import MAX_TURNS_PER_REQUEST, redact
+from gpuprompt.wire import MAX_TURNS_PER_REQUEST, SESSIONS, redact
 
 __all__ = ["MAX_REMOTE_SESSION_ID_LENGTH", "MAX_TURNS_PER_REQUEST", "RemoteContextCache"]
 
@@ -94,7 +94,7 @@ class RemoteContextCache:
         client or proxy resolves ``.`` or ``..`` in it)."""
         cls.check_session_id(session_id)
         segment = quote(session_id, safe="").replace(".", "%2E")
-        return f"/sessions/{segment}{suffix}"
+        return f"{SESSIONS}/{segment}{suffix}"
 
     @staticmethod
     def _window_body(query: Any, max_turns: Any, max_tokens: Any, recent: Any) -> dict[str, Any]:
@@ -233,11 +233,11 @@ class RemoteContextCache:
     def sessions(self) -> list[str]:
         """The server's remote-mode session ids, least recently used first (collection chats are
         not listed)."""
-        return _ids(self.client.request("GET", "/sessions"))
+        return _ids(self.client.request("GET", SESSIONS))
 
     async def asessions(self) -> list[str]:
         """Async :meth:`sessions`."""
-        return _ids(await self.client.arequest("GET", "/sessions"))
+        return _ids(await self.client.arequest("GET", SESSIONS))
 
     # ------------------------------------------------------------------ deletes
     def clear(self, session_id: str | None = None) -> None:
@@ -248,12 +248,12 @@ class RemoteContextCache:
             InputTypeError, InvalidInputError: a bad ``session_id`` (see :meth:`append`).
             EngineError, EngineDeadError, QueueFullError, RequestTimeoutError: see :meth:`append`.
         """
-        path = "/sessions" if session_id is None else self._path(session_id)
+        path = SESSIONS if session_id is None else self._path(session_id)
         self.client.request("DELETE", path, idempotent=True)
 
     async def aclear(self, session_id: str | None = None) -> None:
         """Async :meth:`clear`."""
-        path = "/sessions" if session_id is None else self._path(session_id)
+        path = SESSIONS if session_id is None else self._path(session_id)
         await self.client.arequest("DELETE", path, idempotent=True)
 
 

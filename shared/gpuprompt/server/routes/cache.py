@@ -33,7 +33,7 @@ from gpuprompt.answer_cache import DEFAULT_MAX_ENTRIES, DEFAULT_TTL_SECONDS
 from gpuprompt.server._http import json_response
 from gpuprompt.server.schemas.base import Text, _number, _run, _Strict
 from gpuprompt.server.state import State
-from gpuprompt.wire import MAX_ANSWER_BYTES, check_answer
+from gpuprompt.wire import CACHE, CACHE_CLEAR, CACHE_LOOKUP, CACHE_UPDATE, MAX_ANSWER_BYTES, V1, check_answer
 
 __all__ = [
     "MAX_ANSWER_BYTES",
@@ -45,8 +45,8 @@ __all__ = [
     "LookupRequest",
     "LookupResponse",
     "UpdateRequest",
-    "router",
     "namespace_key",
+    "router",
 ]
 
 MAX_ENTRIES = DEFAULT_MAX_ENTRIES
@@ -140,7 +140,7 @@ class CacheInfo(BaseModel):
 # ---------------------------------------------------------------------- routes
 router = APIRouter()
 
-@router.post("/v1/cache/lookup", response_model=LookupResponse, tags=["cache"])
+@router.post(V1 + CACHE_LOOKUP, response_model=LookupResponse, tags=["cache"])
 async def lookup(server: State, body: LookupRequest) -> Response:
     """The answer cached for ``prompt`` in ``namespace``, or for its most similar cached prompt
     there when at least ``score_threshold`` similar (only then is the text embedded, batched
@@ -149,25 +149,25 @@ async def lookup(server: State, body: LookupRequest) -> Response:
                                   score_threshold=body.score_threshold)
     return json_response(LookupResponse(hit=found is not None, answer=found))
 
-@router.post("/v1/cache/update", response_model=CacheCleared, tags=["cache"])
+@router.post(V1 + CACHE_UPDATE, response_model=CacheCleared, tags=["cache"])
 async def update(server: State, body: UpdateRequest) -> Response:
     """Cache ``answer`` for ``prompt`` in ``namespace`` (the text is embedded once, here)."""
     await server.answers.aupdate(body.prompt, namespace_key(body.namespace), body.answer, text=body.text)
     return json_response(CacheCleared(object="cache.updated", namespace=body.namespace))
 
-@router.post("/v1/cache/clear", response_model=CacheCleared, tags=["cache"])
+@router.post(V1 + CACHE_CLEAR, response_model=CacheCleared, tags=["cache"])
 async def clear_namespace(server: State, body: ClearNamespaceRequest) -> Response:
     """Forget every answer of one namespace (an unknown one too: clearing is idempotent)."""
     await asyncio.to_thread(server.answers.clear, namespace_key(body.namespace))
     return json_response(CacheCleared(object="cache.cleared", namespace=body.namespace))
 
-@router.delete("/v1/cache", response_model=CacheCleared, tags=["cache"])
+@router.delete(V1 + CACHE, response_model=CacheCleared, tags=["cache"])
 async def clear_all(server: State) -> Response:
     """Forget every answer of every namespace (for every client of this server)."""
     await asyncio.to_thread(server.answers.clear)
     return json_response(CacheCleared(object="cache.cleared"))
 
-@router.get("/v1/cache", response_model=CacheInfo, tags=["cache"])
+@router.get(V1 + CACHE, response_model=CacheInfo, tags=["cache"])
 async def info(server: State) -> Response:
     """The cache's counters and bounds."""
     stats = server.answers.stats()

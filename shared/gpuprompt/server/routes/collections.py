@@ -74,7 +74,7 @@ from gpuprompt.server.schemas.collections import (
     Vectors,
 )
 from gpuprompt.server.state import ServerState, State
-from gpuprompt.wire import COLLECTION_NAME_PATTERN, decode_vectors, encode_vectors
+from gpuprompt.wire import COLLECTION_NAME_PATTERN, COLLECTIONS, V1, decode_vectors, encode_vectors
 
 if TYPE_CHECKING:
     from gpuprompt.index import Hit, Record
@@ -123,14 +123,14 @@ async def _queries(server: ServerState, search: SearchModel, dim: int, where: st
 
 
 # ---------------------------------------------------------------------- the collections
-@router.get("/v1/collections", response_model=CollectionList, tags=["collections"])
+@router.get(V1 + COLLECTIONS, response_model=CollectionList, tags=["collections"])
 async def list_collections(server: State) -> Response:
     """Every collection with its record count."""
     counts = await asyncio.to_thread(server.collections.counts)  # a Milvus count is a query: off the loop
     return json_response(CollectionList(data=[CollectionInfo(name=n, count=c) for n, c in counts]))
 
 
-@router.delete("/v1/collections/{name}", tags=["collections"])
+@router.delete(V1 + COLLECTIONS + "/{name}", tags=["collections"])
 async def drop_collection(server: State, name: str = NAME) -> Response:
     """Forget a collection, its records and its sessions."""
     await asyncio.to_thread(server.collections.drop, name)
@@ -139,7 +139,7 @@ async def drop_collection(server: State, name: str = NAME) -> Response:
 
 
 # ---------------------------------------------------------------------- texts in: the server embeds
-@router.post("/v1/collections/{name}/documents", response_model=AddDocumentsResponse, tags=["collections"])
+@router.post(V1 + COLLECTIONS + "/{name}/documents", response_model=AddDocumentsResponse, tags=["collections"])
 async def add_documents(server: State, body: AddDocumentsRequest, name: str = NAME) -> Response:
     """Upsert texts (with optional ids and metadata); the server embeds them. Creates the
     collection on first use."""
@@ -151,7 +151,7 @@ async def add_documents(server: State, body: AddDocumentsRequest, name: str = NA
     )
 
 
-@router.post("/v1/collections/{name}/documents/delete", tags=["collections"])
+@router.post(V1 + COLLECTIONS + "/{name}/documents/delete", tags=["collections"])
 async def delete_documents(server: State, body: DeleteDocumentsRequest, name: str = NAME) -> Response:
     """Delete records by id (unknown ids are ignored)."""
     deleted, count = await server.collections.delete(name, body.ids)
@@ -161,7 +161,7 @@ async def delete_documents(server: State, body: DeleteDocumentsRequest, name: st
     )
 
 
-@router.post("/v1/collections/{name}/query", response_model=QueryResponse, tags=["collections"])
+@router.post(V1 + COLLECTIONS + "/{name}/query", response_model=QueryResponse, tags=["collections"])
 async def query(server: State, body: QueryRequest, name: str = NAME) -> Response:
     """Search one text with an optional metadata filter, by its embedding (``mode="dense"``), its
     words (``"lexical"``: BM25 over the stored documents) or both fused (``"hybrid"``, ``alpha``);
@@ -176,7 +176,7 @@ async def query(server: State, body: QueryRequest, name: str = NAME) -> Response
     return json_response(QueryResponse(collection=name, hits=[_hit(h) for h in hits]))
 
 
-@router.post("/v1/collections/{name}/chat", response_model=CollectionChatResponse, tags=["collections"])
+@router.post(V1 + COLLECTIONS + "/{name}/chat", response_model=CollectionChatResponse, tags=["collections"])
 async def collection_chat(server: State, body: CollectionChatRequest, request: Request, name: str = NAME) -> Response:
     """One RAG turn: retrieve from the collection, add the session's history, generate, remember."""
     llm = server.require_llm()  # 404 naming --chat-model on a server with none
@@ -219,7 +219,7 @@ async def collection_chat(server: State, body: CollectionChatRequest, request: R
     )
 
 
-@router.delete("/v1/collections/{name}/sessions/{session_id}", tags=["collections"])
+@router.delete(V1 + COLLECTIONS + "/{name}/sessions/{session_id}", tags=["collections"])
 async def clear_session(server: State, session_id: str = SESSION, name: str = NAME) -> Response:
     """Forget one conversation's history in a collection."""
     collection = server.collections.get(name)
@@ -229,7 +229,7 @@ async def clear_session(server: State, session_id: str = SESSION, name: str = NA
 
 
 # ---------------------------------------------------------------------- records: vectors in (or texts)
-@router.get("/v1/collections/{name}/records/info", response_model=RecordsInfo, tags=["records"])
+@router.get(V1 + COLLECTIONS + "/{name}/records/info", response_model=RecordsInfo, tags=["records"])
 async def records_info(server: State, name: str = NAME) -> Response:
     """The collection's dimension, metric, count and embedder records (an absent one is empty)."""
     collection = await _existing(server, name)
@@ -244,7 +244,7 @@ async def records_info(server: State, name: str = NAME) -> Response:
                     server_embedder=served)
     )
 
-@router.post("/v1/collections/{name}/records", response_model=RecordsUpserted, tags=["records"])
+@router.post(V1 + COLLECTIONS + "/{name}/records", response_model=RecordsUpserted, tags=["records"])
 async def upsert_records(server: State, body: UpsertRecordsRequest, name: str = NAME) -> Response:
     """Insert or replace records with the vectors given; creates the collection on first use."""
     if body.vectors is None:  # the server embeds the documents: the /documents path
@@ -260,14 +260,14 @@ async def upsert_records(server: State, body: UpsertRecordsRequest, name: str = 
     )
     return json_response(RecordsUpserted(collection=name, ids=ids, count=count))
 
-@router.post("/v1/collections/{name}/records/get", response_model=RecordList, tags=["records"])
+@router.post(V1 + COLLECTIONS + "/{name}/records/get", response_model=RecordList, tags=["records"])
 async def get_records(server: State, body: GetRecordsRequest, name: str = NAME) -> Response:
     """The records of these ids, in the order asked; unknown ids are skipped."""
     collection = await _existing(server, name)
     records = [] if collection is None or not body.ids else await collection.index.aget(body.ids)
     return json_response(RecordList(collection=name, data=[_record(r, body.encoding_format) for r in records]))
 
-@router.post("/v1/collections/{name}/records/delete", response_model=RecordsDeleted, tags=["records"])
+@router.post(V1 + COLLECTIONS + "/{name}/records/delete", response_model=RecordsDeleted, tags=["records"])
 async def delete_records(server: State, body: DeleteRecordsRequest, name: str = NAME) -> Response:
     """Delete records by id (logged first under a data dir); unknown ids are ignored."""
     deleted = count = 0
@@ -279,7 +279,7 @@ async def delete_records(server: State, body: DeleteRecordsRequest, name: str = 
                 raise
     return json_response(RecordsDeleted(collection=name, deleted=deleted, count=count))
 
-@router.post("/v1/collections/{name}/records/ids", response_model=RecordIds, tags=["records"])
+@router.post(V1 + COLLECTIONS + "/{name}/records/ids", response_model=RecordIds, tags=["records"])
 async def record_ids(server: State, body: IdsRequest, name: str = NAME) -> Response:
     """Every id in storage order, or those of the records ``filter`` matches."""
     _check_filter(body.filter)
@@ -287,7 +287,7 @@ async def record_ids(server: State, body: IdsRequest, name: str = NAME) -> Respo
     ids = [] if collection is None else await collection.index.aids(body.filter)
     return json_response(RecordIds(collection=name, ids=ids))
 
-@router.post("/v1/collections/{name}/records/search", response_model=SearchResults, tags=["records"])
+@router.post(V1 + COLLECTIONS + "/{name}/records/search", response_model=SearchResults, tags=["records"])
 async def search_records(server: State, body: SearchRecordsRequest, name: str = NAME) -> Response:
     """Run every search (plain or MMR); the index batches them with all concurrent searches."""
     collection = await _existing(server, name)
@@ -336,7 +336,7 @@ async def search_records(server: State, body: SearchRecordsRequest, name: str = 
         collection=name, results=[[[_hit(h) for h in hits] for hits in answer] for answer in answers]
     ))
 
-@router.delete("/v1/collections/{name}/records", response_model=RecordsCleared, tags=["records"])
+@router.delete(V1 + COLLECTIONS + "/{name}/records", response_model=RecordsCleared, tags=["records"])
 async def clear_records(server: State, name: str = NAME) -> Response:
     """Delete every record and the embedder record: the collection (and its chat sessions) is
     dropped, durably under a data dir; the next upsert creates it again."""

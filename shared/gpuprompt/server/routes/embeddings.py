@@ -15,14 +15,14 @@ from gpuprompt.server.errors import ApiError
 from gpuprompt.server.schemas.base import UsageModel
 from gpuprompt.server.schemas.service import EmbeddingItem, EmbeddingRequest, EmbeddingResponse
 from gpuprompt.server.state import State
-from gpuprompt.wire import encode_vectors
+from gpuprompt.wire import EMBEDDINGS, V1, encode_vectors
 
 __all__ = ["router"]
 
 router = APIRouter()
 
 
-@router.post("/v1/embeddings", response_model=EmbeddingResponse, tags=["openai"])
+@router.post(V1 + EMBEDDINGS, response_model=EmbeddingResponse, tags=["openai"])
 async def embeddings(server: State, body: EmbeddingRequest) -> Response:
     """Embed a text or a list of texts (batched with every concurrent request)."""
     server.check_model(body.model, server.embedder.model_id, "embedding")

@@ -33,7 +33,7 @@ from gpuprompt.server.schemas.chat import (
 )
 from gpuprompt.server.state import ServerState, State
 from gpuprompt.validation import INT64_MIN
-from gpuprompt.wire import SESSION_HEADER
+from gpuprompt.wire import CHAT_COMPLETIONS, COMPLETIONS, SESSION_HEADER, V1
 
 if TYPE_CHECKING:
     from gpuprompt.llm import GenerationRequest, GenerationResult, StreamDelta, Usage
@@ -164,7 +164,7 @@ def _prompt_field(exc: ContextLengthError) -> ApiError:
 router = APIRouter()
 
 
-@router.post("/v1/chat/completions", response_model=ChatCompletionResponse, tags=["openai"])
+@router.post(V1 + CHAT_COMPLETIONS, response_model=ChatCompletionResponse, tags=["openai"])
 async def chat_completions(server: State, body: ChatCompletionRequest, request: Request) -> Response:
     """Chat completion with tools; ``stream: true`` answers with server-sent events ending in ``[DONE]``.
 
@@ -194,7 +194,7 @@ async def chat_completions(server: State, body: ChatCompletionRequest, request: 
         )
     )
 
-@router.post("/v1/completions", response_model=CompletionResponse, tags=["openai"])
+@router.post(V1 + COMPLETIONS, response_model=CompletionResponse, tags=["openai"])
 async def completions(server: State, body: CompletionRequest, request: Request) -> Response:
     """Text completion of a raw prompt (no chat template), or of each prompt of a list.
 

@@ -34,6 +34,7 @@ from gpuprompt.server.schemas.rerank import (
     TeiRerankRequest,
 )
 from gpuprompt.server.state import ServerState, State
+from gpuprompt.wire import RERANK, SCORE, V1
 
 __all__ = ["router"]
 
@@ -42,7 +43,7 @@ router = APIRouter()
 _INLINE_PAIRS = 32  # count a request's tokens on the loop thread only up to this many pairs
 
 
-def _reranker(server: ServerState, model: str | None):  # noqa: ANN202 - a Reranker
+def _reranker(server: ServerState, model: str | None):
     reranker = server.reranker
     if reranker is None:
         raise ApiError(
@@ -70,7 +71,7 @@ async def _ranked(server: ServerState, reranker: Any, query: str, documents: lis
     return hits
 
 
-@router.post("/v1/rerank", response_model=RerankResponse, tags=["rerank"])
+@router.post(V1 + RERANK, response_model=RerankResponse, tags=["rerank"])
 @router.post("/v2/rerank", response_model=RerankResponse, tags=["rerank"], include_in_schema=False)
 async def rerank(server: State, body: RerankRequest) -> Response:
     """Rank the documents by relevance to the query, best first (``top_n`` keeps the best)."""
@@ -87,7 +88,7 @@ async def rerank(server: State, body: RerankRequest) -> Response:
                                         usage=usage))
 
 
-@router.post("/rerank", include_in_schema=False)
+@router.post(RERANK, include_in_schema=False)
 async def rerank_any(server: State, payload: dict[str, Any] = Body(...)) -> Response:  # noqa: B008 - FastAPI's way
     """``/v1/rerank``'s request and answer, or text-embeddings-inference's when the body has ``texts``."""
     tei = "texts" in payload and "documents" not in payload
@@ -109,8 +110,8 @@ async def rerank_any(server: State, payload: dict[str, Any] = Body(...)) -> Resp
                     media_type="application/json")
 
 
-@router.post("/score", response_model=ScoreResponse, tags=["rerank"])
-@router.post("/v1/score", response_model=ScoreResponse, tags=["rerank"], include_in_schema=False)
+@router.post(SCORE, response_model=ScoreResponse, tags=["rerank"])
+@router.post(V1 + SCORE, response_model=ScoreResponse, tags=["rerank"], include_in_schema=False)
 async def score(server: State, body: ScoreRequest) -> Response:
     """The relevance score of each (``text_1``, ``text_2``) pair, in order (vLLM's score API)."""
     reranker = _reranker(server, body.model)

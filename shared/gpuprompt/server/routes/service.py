@@ -14,6 +14,7 @@ from gpuprompt.server._metrics import CONTENT_TYPE_LATEST
 from gpuprompt.server.errors import ApiError
 from gpuprompt.server.schemas.service import HealthResponse, ModelCard, ModelList
 from gpuprompt.server.state import ServerState, State
+from gpuprompt.wire import HEALTH, METRICS, MODELS, V1
 
 __all__ = ["router"]
 
@@ -30,7 +31,7 @@ def _served(server: ServerState) -> list[str]:
     return models
 
 
-@router.get("/health", response_model=HealthResponse, tags=["service"])
+@router.get(HEALTH, response_model=HealthResponse, tags=["service"])
 async def health(server: State) -> Response:
     """Liveness and what is served (no API key needed); ``chat_model`` is null on a server started
     with ``--chat-model none``."""
@@ -58,20 +59,20 @@ async def health(server: State) -> Response:
     )
 
 
-@router.get("/metrics", tags=["service"], response_class=Response)
+@router.get(METRICS, tags=["service"], response_class=Response)
 async def prometheus(server: State) -> Response:
     """Prometheus text format: queue depths, batch sizes, latency histograms, cache hit rates."""
     return Response(await asyncio.to_thread(server.metrics.render), media_type=CONTENT_TYPE_LATEST)
 
 
-@router.get("/v1/models", response_model=ModelList, tags=["openai"])
+@router.get(V1 + MODELS, response_model=ModelList, tags=["openai"])
 async def models(server: State) -> Response:
     """The served models: chat (unless ``--chat-model none``), embedding (and rerank, when one is loaded)."""
     created = int(server.started)
     return json_response(ModelList(data=[ModelCard(id=model, created=created) for model in _served(server)]))
 
 
-@router.get("/v1/models/{model_id:path}", response_model=ModelCard, tags=["openai"])
+@router.get(V1 + MODELS + "/{model_id:path}", response_model=ModelCard, tags=["openai"])
 async def model(server: State, model_id: str) -> Response:
     """One served model."""
     for served in _served(server):

@@ -42,7 +42,7 @@ from gpuprompt.server.schemas.base import Text, _int, _Strict
 from gpuprompt.server.schemas.chat import MAX_TOOLS, ToolCallIn, ToolCallOut
 from gpuprompt.server.state import State
 from gpuprompt.validation import INT64_MAX, check_str
-from gpuprompt.wire import MAX_TURNS_PER_REQUEST
+from gpuprompt.wire import MAX_TURNS_PER_REQUEST, SESSIONS, V1
 
 if TYPE_CHECKING:
     from gpuprompt.context import Turn
@@ -202,7 +202,7 @@ def _deleted(payload: dict[str, Any]) -> Response:
 router = APIRouter()
 
 
-@router.post("/v1/sessions/{session_id:path}/turns", response_model=TurnList, tags=["sessions"])
+@router.post(V1 + SESSIONS + "/{session_id:path}/turns", response_model=TurnList, tags=["sessions"])
 async def append_turns(server: State, session_id: str, body: AppendTurnsRequest) -> Response:
     """Append turns to a session (created on first use); each text is embedded once, batched
     with every concurrent request."""
@@ -210,13 +210,13 @@ async def append_turns(server: State, session_id: str, body: AppendTurnsRequest)
     stored = await server.memory.aextend(key, [t.core() for t in body.turns])
     return _turns(session_id, stored)
 
-@router.get("/v1/sessions/{session_id:path}/turns", response_model=TurnList, tags=["sessions"])
+@router.get(V1 + SESSIONS + "/{session_id:path}/turns", response_model=TurnList, tags=["sessions"])
 async def list_turns(server: State, session_id: str) -> Response:
     """Every kept turn of a session, oldest first (none for an unknown or expired session)."""
     key = session_key(session_id)
     return _turns(session_id, await asyncio.to_thread(server.memory.turns, key))  # a session store is I/O
 
-@router.post("/v1/sessions/{session_id:path}/window", response_model=TurnList, tags=["sessions"])
+@router.post(V1 + SESSIONS + "/{session_id:path}/window", response_model=TurnList, tags=["sessions"])
 async def window(server: State, session_id: str, body: WindowRequest) -> Response:
     """The most recent turns plus the older ones most relevant to ``query``, oldest first,
     within ``max_turns`` and ``max_tokens``; only the query is embedded."""
@@ -226,21 +226,21 @@ async def window(server: State, session_id: str, body: WindowRequest) -> Respons
     )
     return _turns(session_id, turns)
 
-@router.delete("/v1/sessions/{session_id:path}", tags=["sessions"])
+@router.delete(V1 + SESSIONS + "/{session_id:path}", tags=["sessions"])
 async def delete_session(server: State, session_id: str) -> Response:
     """Forget a session (an unknown one too: deleting is idempotent)."""
     key = session_key(session_id)
     await asyncio.to_thread(server.memory.clear, key)
     return _deleted({"object": "session.deleted", "session_id": session_id, "deleted": True})
 
-@router.get("/v1/sessions", response_model=SessionList, tags=["sessions"])
+@router.get(V1 + SESSIONS, response_model=SessionList, tags=["sessions"])
 async def list_sessions(server: State) -> Response:
     """The ids of the sessions of these routes (collection chats are not listed)."""
     keys = await asyncio.to_thread(server.memory.sessions)
     cut = len(SESSION_KEY_PREFIX)
     return json_response(SessionList(data=[k[cut:] for k in keys if k.startswith(SESSION_KEY_PREFIX)]))
 
-@router.delete("/v1/sessions", tags=["sessions"])
+@router.delete(V1 + SESSIONS, tags=["sessions"])
 async def delete_sessions(server: State) -> Response:
     """Forget every session of these routes; the sessions of collection chat stay."""
     def clear() -> int:
