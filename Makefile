@@ -10,8 +10,10 @@ venv:
 demo: venv
 	$(PY) -m gpuprompt demo
 
+# Two workers (TEST_WORKERS=N for more): each test file runs whole on one of them, and the files that
+# share a server (the vLLM pair, the Ray cluster) run together (see tests/conftest.py).
 test: venv
-	$(PY) -m pytest -q -rs
+	$(PY) -m pytest -q -rs -n $(or $(TEST_WORKERS),2) --dist loadgroup --no-loadscope-reorder
 
 # Property tests with fresh random examples (ten times as many) instead of the derandomized default.
 fuzz: venv

@@ -7,8 +7,14 @@ import os
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+import sys
+from pathlib import Path
+
 import pytest
 from hypothesis import settings
+
+sys.path.insert(0, str(Path(__file__).parent / "property"))
+import prop_helpers  # noqa: E402 - the property tests' case counter, reported below
 
 # Property tests are deterministic by default: the same examples on every machine and run, so the
 # suite passes or fails by the code alone. `make fuzz` explores anew (HYPOTHESIS_PROFILE=fuzz).
@@ -40,11 +46,36 @@ def _tier(item: pytest.Item) -> str:
     return "integration"
 
 
+# `make test` runs on two workers (pytest-xdist, --dist loadgroup): each test file is one unit of
+# work, except files that share a process-wide server a second worker would start again (the pair
+# of vLLM servers behind the router, the local Ray cluster): those run together on one worker.
+_SHARED_GROUPS = {
+    "test_llm_fleet.py": "vllm-pair", "test_llm_remote.py": "vllm-pair",
+    "test_bulk_ray.py": "ray", "test_ray_serve.py": "ray",
+}
+# The longest units start first so that neither worker is left alone with one at the end (rough
+# seconds on 2 cores; only the order depends on them, never a result).
+_LONGEST = {
+    "test_lc_chat_models_standard.py": 200, "test_remote_lc_standard.py": 140, "test_llm_engine.py": 125,
+    "vllm-pair": 90, "test_llm_tools.py": 100, "test_lc_chat_models.py": 95, "test_embedder_quant.py": 75,
+    "test_li_agent.py": 70, "ray": 55, "test_remote_rerank_vllm.py": 55, "test_lc_vectorstores_milvus.py": 50,
+    "test_tools_server.py": 45, "test_spawn_guard.py": 45, "test_remote_adapters.py": 45, "test_li_llm.py": 40,
+    "test_pipeline.py": 40,
+}
+
+
+def _group(item: pytest.Item) -> str:
+    return _SHARED_GROUPS.get(item.path.name, item.path.name)
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist names each test by its group
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:  # every hypothesis test is a property test (`make fuzz` runs them alone)
         if getattr(getattr(item, "obj", None), "is_hypothesis_test", False):
             item.add_marker(pytest.mark.property)
         item.add_marker(getattr(pytest.mark, _tier(item)))  # -m unit | contracts | integration | system
+        item.add_marker(pytest.mark.xdist_group(_group(item)))
+    items.sort(key=lambda item: -_LONGEST.get(_group(item), 0))  # stable: file order kept within a group
     if _cuda_available():
         return
     skip = pytest.mark.skip(reason="needs CUDA (marked gpu)")
@@ -116,3 +147,34 @@ def reranker(cross_encoder_path: str):
     from gpuprompt import get_runtime
 
     return get_runtime().reranker(cross_encoder_path, device="cpu").load()
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    workeroutput = getattr(session.config, "workeroutput", None)
+    if workeroutput is not None:  # an xdist worker hands its property-case counts to the controller
+        workeroutput["property_cases"] = dict(prop_helpers.CASES)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: object, error: object) -> None:
+    for name, n in getattr(node, "workeroutput", {}).get("property_cases", {}).items():
+        prop_helpers.CASES[name] += n
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, exitstatus: int, config: pytest.Config) -> None:
+    """The property cases generated per public class (summed over xdist workers); with
+    ``GPUPROMPT_PROPERTY_REPORT=FILE`` also written there as JSON ``{"cases": {...}, "total": N}``."""
+    import json
+
+    cases = dict(sorted(prop_helpers.CASES.items()))
+    if not cases:
+        return
+    terminalreporter.section("property cases per public class")
+    width = max(len(name) for name in cases)
+    for name, n in cases.items():
+        terminalreporter.write_line(f"{name:<{width}}  {n:>7}")
+    terminalreporter.write_line(f"{'total':<{width}}  {sum(cases.values()):>7}")
+    target = os.environ.get("GPUPROMPT_PROPERTY_REPORT")
+    if target:
+        Path(target).write_text(json.dumps({"cases": cases, "total": sum(cases.values())}, indent=2) + "\n")
+        terminalreporter.write_line(f"written to {target}")
