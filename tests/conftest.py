@@ -7,7 +7,9 @@ import os
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+import re
 import sys
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -64,17 +66,51 @@ _LONGEST = {
 }
 
 
+_ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
+
+
+def _rename(item: pytest.Item, nodeid: str) -> None:
+    if hasattr(item, "_id"):  # pytest >= 9 keeps a structured id; its string form is what xdist reads
+        from _pytest.nodeid import NodeId
+
+        item._id = NodeId.parse(nodeid)  # noqa: SLF001
+    else:
+        item._nodeid = nodeid  # noqa: SLF001
+
+
+def _distribute(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Name every test alike in each xdist worker and by its unit of work.
+
+    Ids lose memory addresses (``ids=repr`` of an object or a lambda; a second test whose id then
+    repeats gets ``#2``, collection order being the same everywhere), and under ``--dist loadgroup``
+    each id ends in ``@GROUP`` (:func:`_group`), which is how xdist keeps a group on one worker. (xdist
+    3.8 appends it itself, but pytest 9 ignores the attribute it writes, so this does it.)
+    """
+    seen: Counter[str] = Counter()
+    grouped = hasattr(config, "workerinput") and bool(getattr(config.option, "loadgroup", False))
+    for item in items:
+        nodeid = item.nodeid
+        if " at 0x" in nodeid:
+            stable = _ADDRESS.sub(" at 0x?", nodeid)
+            seen[stable] += 1
+            nodeid = stable if seen[stable] == 1 else f"{stable}#{seen[stable]}"
+        if grouped and "@" not in nodeid.rpartition("]")[2]:
+            nodeid = f"{nodeid}@{_group(item)}"
+        if nodeid != item.nodeid:
+            _rename(item, nodeid)
+
+
 def _group(item: pytest.Item) -> str:
-    return _SHARED_GROUPS.get(item.path.name, item.path.name)
+    return _SHARED_GROUPS.get(item.path.name, item.path.name)  # test file names are unique in tests/
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist names each test by its group
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:  # every hypothesis test is a property test (`make fuzz` runs them alone)
         if getattr(getattr(item, "obj", None), "is_hypothesis_test", False):
             item.add_marker(pytest.mark.property)
         item.add_marker(getattr(pytest.mark, _tier(item)))  # -m unit | contracts | integration | system
-        item.add_marker(pytest.mark.xdist_group(_group(item)))
+    _distribute(config, items)
     items.sort(key=lambda item: -_LONGEST.get(_group(item), 0))  # stable: file order kept within a group
     if _cuda_available():
         return

@@ -23,6 +23,7 @@ from gpuprompt.index._milvus_filters import compile_milvus
 from gpuprompt.index.filters import matches
 
 sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).parents[1] / "unit"))  # test_filters: the in-process filter suite
 sys.path.insert(0, str(Path(__file__).parents[1] / "property"))
 import prop_helpers as H
 import test_filters as suite
