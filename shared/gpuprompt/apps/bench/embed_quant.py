@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from gpuprompt.apps.bench._quiet import OTHER_CORES_LIMIT, OtherLoad
 from gpuprompt.apps.bench._registry import BenchContext, Chart, ScenarioResult, scenario
 
 __all__: list[str] = []
@@ -116,7 +117,7 @@ def embed_quant(ctx: BenchContext) -> ScenarioResult:
         def measure() -> dict[str, float]:
             run = next(run_ids)
             sides = ["fp32", "int8"] if run % 2 == 0 else ["int8", "fp32"]
-            load_before = os.getloadavg()[0]
+            other = OtherLoad()
             figures = {side: _spawn(side, run, ctx.quick, work, vectors=run == 0) for side in sides}
             fp, q8 = figures["fp32"], figures["int8"]
             return {
@@ -130,9 +131,9 @@ def embed_quant(ctx: BenchContext) -> ScenarioResult:
                 "bulk_ratio": q8["bulk_texts_per_s"] / fp["bulk_texts_per_s"],
                 "int8_load_s": q8["load_s"],
                 # Other processes on the cores skew the comparison (fp32 torch's OpenMP threads
-                # slow down far more than int8's one-thread slices): a 1-minute load average
-                # above the core count means the run was not alone.
-                "load_average_1m": max(load_before, os.getloadavg()[0]),
+                # slow down far more than int8's one-thread slices): the CPU they used meanwhile
+                # says whether the run was alone.
+                "other_cores": other.cores(),
             }
 
         metrics, runs = ctx.repeat(measure)
@@ -152,14 +153,13 @@ def embed_quant(ctx: BenchContext) -> ScenarioResult:
     })
     ratio = min(metrics["callers_ratio"], metrics["bulk_ratio"])
     cores = os.cpu_count() or 1
-    # Our own side keeps about `cores` threads runnable; more load than that plus one means other
-    # processes shared the cores, and then fp32 torch (OpenMP) slows down far more than int8.
-    alone = max(runs["load_average_1m"]) <= cores + 1
+    # Other processes that shared the cores slow fp32 torch (OpenMP) down far more than int8.
+    alone = max(runs["other_cores"]) <= OTHER_CORES_LIMIT
     met = (alone and ratio >= 2.0 and metrics["cosine_mean"] >= 0.99 and metrics["cosine_min"] >= 0.98
            and metrics["recall_at_10_kept"] >= 0.98)
     busy = "" if alone else (
-        f"NOT MEASURED ALONE: the 1-minute load average reached {max(runs['load_average_1m']):.1f} on {cores} "
-        "cores, so other processes shared them and the speed ratios are not evidence (the goal is reported as "
+        f"NOT MEASURED ALONE: other processes kept {max(runs['other_cores']):.2f} of the {cores} cores busy, "
+        "so they shared them and the speed ratios are not evidence (the goal is reported as "
         "not met); rerun on an idle machine. "
     )
     calls, bulk = _sizes(ctx.quick)

@@ -32,6 +32,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from gpuprompt.apps.bench._quiet import OTHER_CORES_LIMIT, OtherLoad
 from gpuprompt.apps.bench._registry import BenchContext, Chart, ScenarioResult, scenario
 
 __all__: list[str] = []
@@ -199,7 +200,7 @@ def hybrid(ctx: BenchContext) -> ScenarioResult:
 
         def measure() -> dict[str, float]:
             run = next(run_ids)
-            load_before = os.getloadavg()[0]
+            other = OtherLoad()
             metrics: dict[str, float] = {}
             for n in sizes:
                 order = SIDES if run % 2 == 0 else SIDES[::-1]
@@ -224,19 +225,19 @@ def hybrid(ctx: BenchContext) -> ScenarioResult:
                     f"ours_embed_mean_batch_{tag}": ours["embed_mean_batch"],
                     f"ours_index_mean_batch_{tag}": ours["index_mean_batch"],
                 })
-            metrics["load_average_1m"] = max(load_before, os.getloadavg()[0])
+            metrics["other_cores"] = other.cores()
             return metrics
 
         metrics, runs = ctx.repeat(measure)
     cores = os.cpu_count() or 1
-    alone = max(runs["load_average_1m"]) <= cores + 1
+    alone = max(runs["other_cores"]) <= OTHER_CORES_LIMIT
     goals = {"20k": 10.0, "100k": 30.0}
     tags = [f"{n // 1000}k" for n in sizes]
     met = alone and all(metrics[f"ratio_{t}"] >= goals[t] for t in tags) and all(
         metrics[f"ours_recall_at_5_{t}"] >= 0.95 and metrics[f"ours_recall_at_5_{t}"] >= metrics[f"dense_recall_at_5_{t}"]
         for t in tags)
-    busy = "" if alone else (f"NOT MEASURED ALONE (1-minute load average {max(runs['load_average_1m']):.1f} on "
-                             f"{cores} cores): rerun on an idle machine. ")
+    busy = "" if alone else (f"NOT MEASURED ALONE (other processes kept {max(runs['other_cores']):.2f} of "
+                             f"{cores} cores busy): rerun on an idle machine. ")
     per_100k = metrics[f"lexical_mib_{tags[-1]}"] * 100_000 / sizes[-1]
     return ScenarioResult(
         metrics=metrics,

@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from gpuprompt.apps.bench._quiet import OTHER_CORES_LIMIT, OtherLoad
 from gpuprompt.apps.bench._registry import BenchContext, Chart, ScenarioResult, scenario
 
 __all__: list[str] = []
@@ -149,7 +150,7 @@ def rerank(ctx: BenchContext) -> ScenarioResult:
         def measure() -> dict[str, float]:
             run = next(run_ids)
             order = list(SIDES[run % len(SIDES):] + SIDES[:run % len(SIDES)])
-            load_before = os.getloadavg()[0]
+            other = OtherLoad()
             figures = {side: _spawn(side, run, ctx.quick, work) for side in order}
             lc, li, ours, q8, limit = (figures[s] for s in SIDES)
             return {
@@ -172,18 +173,18 @@ def rerank(ctx: BenchContext) -> ScenarioResult:
                 "int8_top3_agreement": q8.get("top3_agreement", 0.0),
                 "int8_top1_agreement": q8.get("top1_agreement", 0.0),
                 "same_top_as_langchain": float(ours["top"] == lc["top"]),
-                "load_average_1m": max(load_before, os.getloadavg()[0]),
+                "other_cores": other.cores(),
             }
 
         metrics, runs = ctx.repeat(measure)
     cores = os.cpu_count() or 1
-    alone = max(runs["load_average_1m"]) <= cores + 1
+    alone = max(runs["other_cores"]) <= OTHER_CORES_LIMIT
     fp32 = min(metrics["fp32_vs_langchain"], metrics["fp32_vs_llamaindex"])
     int8 = min(metrics["int8_vs_langchain"], metrics["int8_vs_llamaindex"])
     met = alone and fp32 >= 1.3 and int8 >= 2.5 and metrics["lone_ratio"] <= 1.1 \
         and metrics["int8_top3_agreement"] >= 0.9
-    busy = "" if alone else (f"NOT MEASURED ALONE (1-minute load average {max(runs['load_average_1m']):.1f} on "
-                             f"{cores} cores): rerun on an idle machine. ")
+    busy = "" if alone else (f"NOT MEASURED ALONE (other processes kept {max(runs['other_cores']):.2f} of "
+                             f"{cores} cores busy): rerun on an idle machine. ")
     trained = bool(os.environ.get(MODEL_ENV))
     return ScenarioResult(
         metrics=metrics,
