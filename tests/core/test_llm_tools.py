@@ -13,10 +13,10 @@ import json
 import re
 
 import pytest
-
 from gpuprompt.errors import InputTypeError, InvalidInputError, UnsupportedFeatureError
 from gpuprompt.llm import GenerationRequest, LLMEngine, StreamDelta, ToolCall, ToolCallDelta, ToolSpec
 from gpuprompt.llm._tool_format import ToolOutputParser, ToolPlan, instruction, plan_tools
+from support.tool_cases import FREE_PRICE, FREE_STOCK, LONG_ASK  # the cut-call case
 
 WEATHER = {
     "type": "function",
@@ -510,10 +510,9 @@ def test_fallback_prompt_lists_tools_and_renders_calls_and_results(formatter) ->
 
 
 def test_a_template_with_tools_renders_them_itself(tf_engine: LLMEngine) -> None:
-    from transformers import AutoTokenizer
-
     from gpuprompt.llm._chat import ChatFormatter
     from gpuprompt.models import resolve_chat_model
+    from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(resolve_chat_model(None))
     tokenizer.chat_template = (
@@ -676,17 +675,6 @@ def test_a_reply_cut_by_max_tokens_holds_no_wrapper_json(tf_engine: LLMEngine) -
         assert len(result.tool_calls) <= 1 and all(c.incomplete for c in result.tool_calls)
         calls = [(c.name, c.arguments) for c in result.tool_calls]
         assert _streamed(tf_engine, request) == (result.text, calls, "length")
-
-
-# The case: a forced tool with a free-text string argument the small model keeps writing.
-FREE_PRICE = {"type": "function", "function": {"name": "get_price", "description": "Price of a product in EUR.",
-              "parameters": {"type": "object", "properties": {"product": {"type": "string"}},
-                             "required": ["product"]}}}
-FREE_STOCK = {"type": "function", "function": {"name": "get_stock", "description": "Units of a product in stock.",
-              "parameters": {"type": "object", "properties": {"product": {"type": "string"}},
-                             "required": ["product"]}}}
-LONG_ASK = [{"role": "user", "content": "What does the long-sleeved organic cotton midi dress with the ruby red "
-                                        "floral print and mother-of-pearl buttons, size 38, cost?"}]
 
 
 AFTER_A_TOOL = [

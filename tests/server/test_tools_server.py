@@ -18,6 +18,7 @@ from typing import Any, Literal
 import openai
 import pytest
 from pydantic import BaseModel
+from support.tool_cases import FREE_PRICE, FREE_STOCK, LONG_ASK  # the cut-call case
 
 CHAT = "SmolLM2-135M-Instruct"
 WEATHER = {
@@ -355,18 +356,6 @@ def test_a_reply_cut_short_or_stopped_holds_no_wrapper_json(openai_client) -> No
     # With "auto", a stop string applies to the answer: the wrapper's '"name"' does not stop it.
     [choice] = _call(openai_client, tools=[WEATHER], tool_choice="auto", max_tokens=14, stop=['"name"', "{"]).choices
     assert "{" not in (choice.message.content or "") and "__answer__" not in (choice.message.content or "")
-
-
-# The repro: two tools, a named choice of one whose free-text string argument the small
-# model keeps writing, and a small max_tokens.
-FREE_PRICE = {"type": "function", "function": {"name": "get_price", "description": "Price of a product in EUR.",
-              "parameters": {"type": "object", "properties": {"product": {"type": "string"}},
-                             "required": ["product"]}}}
-FREE_STOCK = {"type": "function", "function": {"name": "get_stock", "description": "Units of a product in stock.",
-              "parameters": {"type": "object", "properties": {"product": {"type": "string"}},
-                             "required": ["product"]}}}
-LONG_ASK = [{"role": "user", "content": "What does the long-sleeved organic cotton midi dress with the ruby red "
-                                        "floral print and mother-of-pearl buttons, size 38, cost?"}]
 
 
 def test_a_forced_call_cut_by_max_tokens_comes_back_with_partial_arguments(openai_client) -> None:
