@@ -123,8 +123,10 @@ async def test_an_embedding_function_is_called_once_per_batch_and_equals_vectors
         want = [sku_index.hybrid_search(vectors[i:i + 1], [q], 4, **options)[0] for i, q in enumerate(asked)]
         embed.calls.clear()
         got = await asyncio.gather(*(sku_index.ahybrid_search(embed, [q], 4, **options) for q in asked))
+        # The texts are embedded in batches whose make-up depends on arrival (fp32 sums in another
+        # order: ~1e-6 per cosine), and the fused scores rescale those differences.
         assert [[(h.id, h.score) for h in r[0]] for r in got] == [
-            [(h.id, pytest.approx(h.score, rel=1e-5)) for h in hits] for hits in want]
+            [(h.id, pytest.approx(h.score, rel=1e-4, abs=1e-5)) for h in hits] for hits in want]
         assert sum(embed.calls) == len(asked) and len(embed.calls) < len(asked)  # whole batches of texts
     assert embed.threads == {"gpuprompt-index-search"}  # on the index's search thread, never the loop
     sync = sku_index.hybrid_search(embed, asked[:3], 4)
