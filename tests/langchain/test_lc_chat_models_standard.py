@@ -13,6 +13,7 @@ xfails are the 135M model's own quality, each with its reason.
 from __future__ import annotations
 
 import importlib.util
+import os
 from typing import Any
 
 import pytest
@@ -25,6 +26,8 @@ from support.engines import LC_VLLM
 from langchain_gpuprompt import ChatGPUPrompt
 
 _HAS_VLLM = importlib.util.find_spec("vllm") is not None
+_MODEL_QUALITY = os.environ.get("GPUPROMPT_TEST_MODEL_QUALITY") == "1"
+"""The xfails for the 135M model's own quality run only when asked: they report, they cannot fail."""
 
 _JOKE = ("SmolLM2-135M repeats a phrase inside the Joke's 'setup' string until max_tokens (seen: 'sampu, sampu, "
          "...'), so 'punchline' never comes (the 'pydantic' case; its TypedDict / JSON-schema variants pass, XPASS).")
@@ -55,14 +58,15 @@ class _Integration(ChatModelIntegrationTests):
     """The suite's settings shared by both backends."""
 
     backend = "transformers"
-    run_model_limited = True
+    run_model_limited = _MODEL_QUALITY
     """Run the tests marked xfail for SmolLM2-135M's own limits (rambling inside free-text fields)."""
 
     def model_limited(self) -> None:
         """Skip a test marked xfail for the model's limits where ``run_model_limited`` is off."""
         if not self.run_model_limited:
-            pytest.skip("fails or passes on SmolLM2-135M's reading, not on the backend: run on vLLM in process and "
-                        "remote; the transformers backend's guided paths are checked by tests/langchain/"
+            pytest.skip("passes or fails on SmolLM2-135M's reading, not on the code (a non-strict xfail, so it "
+                        "cannot fail the run): GPUPROMPT_TEST_MODEL_QUALITY=1 runs it on vLLM in process; the "
+                        "protocol it crosses is checked by the rest of this suite, tests/langchain/"
                         "test_lc_chat_models.py and tests/core/test_llm_tools.py")
 
     @property

@@ -74,9 +74,16 @@ class TestChatGPUPromptRemoteUnit(ChatModelUnitTests):
 
 
 class TestChatGPUPromptRemoteIntegration(_Integration):  # type: ignore[misc, valid-type]
-    """The in-process suite, every call going through ``gpuprompt serve`` (vLLM where installed)."""
+    """The in-process suite, every call going through ``gpuprompt serve`` (vLLM where installed).
+
+    The tests marked xfail for the 135M model's own reading (``model_limited``) skip here: they pass
+    or fail by what the model writes (``GPUPROMPT_TEST_MODEL_QUALITY=1`` runs them in process on this
+    same engine and settings); what remote mode adds is the wire, which every other test of the suite crosses (tools,
+    tool choice, structured output, streaming, usage, stop sequences, histories).
+    """
 
     url: str = ""
+    run_model_limited = False
 
     @pytest.fixture(autouse=True, scope="class")
     def _server(self, standard_live: Any) -> None:
