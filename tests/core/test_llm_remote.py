@@ -31,6 +31,7 @@ HAS_VLLM = importlib.util.find_spec("vllm") is not None
 HAS_SERVER = importlib.util.find_spec("fastapi") is not None and importlib.util.find_spec("uvicorn") is not None
 
 ASK = [{"role": "user", "content": "Name three colors."}]
+SMOL_ENDOFTEXT, SMOL_IM_END = 0, 2  # SmolLM2's <|endoftext|> and <|im_end|> (its eos_token_id)
 WEATHER = {
     "type": "function",
     "function": {
@@ -383,9 +384,12 @@ def test_vllm_server_tool_call_and_structured_output(vllm_remote: LLMEngine) -> 
 
 @pytest.mark.vllm
 def test_vllm_server_request_is_aborted_when_the_stream_closes(vllm_remote: LLMEngine, vllm_server: str) -> None:
-    stream = vllm_remote.stream(GenerationRequest(messages=ASK, max_tokens=1500))
+    # The end-of-text and end-of-turn tokens are barred, so the reply runs to max_tokens (tens of
+    # seconds here) whatever the model would say: "Name three colors." alone ends in about a second,
+    # sometimes before vLLM's gauges, refreshed by its stats loop, ever show it running.
+    no_end = {SMOL_ENDOFTEXT: -100.0, SMOL_IM_END: -100.0}
+    stream = vllm_remote.stream(GenerationRequest(messages=ASK, max_tokens=1500, logit_bias=no_end))
     assert next(stream).finish_reason is None
-    # vLLM's gauges are refreshed by its stats loop, a moment after the first token
     assert wait_until(lambda: _running(vllm_server) >= 1, 10), "vLLM never reported the request running"
     stream.close()
     assert wait_until(lambda: _running(vllm_server) == 0, 20), "vLLM kept the request after the stream closed"
