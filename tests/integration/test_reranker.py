@@ -71,8 +71,13 @@ def test_concurrent_callers_share_batches_and_agree(reranker: Reranker, docs: li
         t.start()
     for t in threads:
         t.join(60)
-    assert {q: [(h.index, round(h.score, 5)) for h in results[q]] for q in queries} == \
-        {q: [(h.index, round(h.score, 5)) for h in alone[q]] for q in queries}
+    # Pairs scored in batches whose make-up depends on arrival differ by ~1e-6 (rounding to 5
+    # places once split a score across a boundary): the same hits, each score within 1e-5.
+    for q in queries:
+        assert sorted(h.index for h in results[q]) == sorted(h.index for h in alone[q])
+        assert {h.index: h.score for h in results[q]} == \
+            pytest.approx({h.index: h.score for h in alone[q]}, abs=1e-5)
+        assert [h.score for h in results[q]] == sorted((h.score for h in results[q]), reverse=True)
     after = reranker.stats().batcher
     batches = after.batches - before.batches
     assert batches < len(queries)  # 8 calls of 20 pairs were coalesced into fewer batches
