@@ -81,6 +81,9 @@ class GPUPromptReranker(BaseDocumentCompressor):
     """Torch device: 'auto' (cuda > mps > cpu), 'cpu', 'cuda', 'cuda:N' or 'mps'."""
     max_length: int | None = _CORE.max_length
     """Most tokens of a (query, document) pair; longer ones are truncated (None: the model's)."""
+    dtype: Literal["float16", "bfloat16", "float32"] | None = _CORE.dtype
+    """Compute dtype; None = fp16 on CUDA, fp32 elsewhere. 'bfloat16' on a CPU with AMX or
+    AVX512-BF16 runs prepacked bf16 layers (about 2x fp32 there, fp32's ranking kept)."""
     quantize: Literal["int8", "auto"] | None = None
     """None: full precision; 'int8': int8 forward pass on CPU (the 'quant' extra), guarded on ranking
     agreement with fp32; 'auto': int8 where it runs and passes."""
@@ -105,8 +108,8 @@ class GPUPromptReranker(BaseDocumentCompressor):
         except ValidationError as exc:  # a field of the wrong type: our typed error, naming it
             raise configuration_error(exc, "GPUPromptReranker") from exc
         check_top_n(self.top_n)
-        local = {name: (getattr(self, name), getattr(_CORE, name)) for name in ("device", "max_length", "quantize",
-                                                                              "batch_size")}
+        local = {name: (getattr(self, name), getattr(_CORE, name)) for name in ("device", "max_length", "dtype",
+                                                                              "quantize", "batch_size")}
         self._runtime = connect(self.base_url, api_key=self.api_key, timeout=self.timeout, owner="GPUPromptReranker",
                                 local_options=local)
         if self._runtime.remote:
@@ -118,8 +121,8 @@ class GPUPromptReranker(BaseDocumentCompressor):
             self._options()  # the core checks the settings now (loads nothing)
 
     def _options(self) -> dict[str, Any]:
-        options = {"device": self.device, "max_length": self.max_length, "quantize": self.quantize,
-                   "batch_size": self.batch_size}
+        options = {"device": self.device, "max_length": self.max_length, "dtype": self.dtype,
+                   "quantize": self.quantize, "batch_size": self.batch_size}
         RerankerConfig(model=self.model, **options)
         return options
 

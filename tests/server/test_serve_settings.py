@@ -115,6 +115,23 @@ def test_embed_quantize_reaches_the_runtime_embedder(server_llm) -> None:
         create_app(embed_quantize="int4", llm=server_llm, preload=False)
 
 
+def test_dtype_flags_reach_the_embedder_and_the_reranker(server_llm, cross_encoder_path: str) -> None:
+    from gpuprompt.server import create_app
+
+    settings = load_settings(**_given(["--embed-dtype", "bfloat16", "--rerank-dtype", "bfloat16",
+                                       "--rerank-model", cross_encoder_path]))
+    assert (settings.embed_dtype, settings.rerank_dtype) == ("bfloat16", "bfloat16")
+    options = settings.serve_options()
+    app = create_app(embed_dtype=options["embed_dtype"], rerank_dtype=options["rerank_dtype"],
+                     rerank_model=cross_encoder_path, llm=server_llm, preload=False)
+    state = app.state.gpuprompt
+    assert state.embedder.config.dtype == "bfloat16" and state.reranker.config.dtype == "bfloat16"
+    with pytest.raises(SystemExit):
+        _serve_parser().parse_args(["--embed-dtype", "int8"])
+    with pytest.raises(ConfigurationError, match="'rerank_dtype'"):
+        create_app(rerank_dtype="fp8", llm=server_llm, preload=False)
+
+
 @pytest.mark.parametrize(
     ("argv", "said"),
     [

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from gpuprompt._bf16 import pack_for_cpu_bf16
 from gpuprompt._loaded import LoadedModel
 from gpuprompt._tokens import Encoded, Tokens
 from gpuprompt.batching import MicroBatcher, check_priority
@@ -170,6 +171,7 @@ class Embedder(LoadedModel):
             dtype = self.config.dtype or default_dtype(device)
             model.to(getattr(torch, dtype))
             model.eval()
+            pack_for_cpu_bf16(model, device, dtype)  # bf16 weights packed once for AMX, not per call
             forward, quantization, quality = self._choose_forward(model, path, device)
             dim = model.get_embedding_dimension() if hasattr(model, "get_embedding_dimension") else None
             dim = dim or model.get_sentence_embedding_dimension()
@@ -253,10 +255,9 @@ class Embedder(LoadedModel):
                 else:
                     features = self._model.preprocess(texts)
                 features = {k: v.to(self._device) if isinstance(v, torch.Tensor) else v for k, v in features.items()}
-                out = self._forward(features)
+                out = self._forward(features).float()  # fp16 / bf16 compute: unit length in fp32
                 if self.config.normalize:
                     out = torch.nn.functional.normalize(out, p=2, dim=1)
-                out = out.float()
             if self._cache is not None:
                 # One cache write per batch, on the worker, instead of one per caller.
                 self._cache.put([item.key for item in items], out)

@@ -21,6 +21,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from gpuprompt._bf16 import pack_for_cpu_bf16
 from gpuprompt._loaded import LoadedModel
 from gpuprompt.batching import MicroBatcher, check_priority
 from gpuprompt.device import default_dtype, resolve_device
@@ -205,6 +206,7 @@ class Reranker(LoadedModel):
             dtype = self.config.dtype or default_dtype(device)
             model.to(device=device, dtype=getattr(torch, dtype))
             model.eval()
+            pack_for_cpu_bf16(model, device, dtype)  # bf16 weights packed once for AMX, not per call
             self._activation = _activation(self.config.activation, model.config)
             self._max_length = _max_length(self.config.max_length, tokenizer, model.config)
             self._tokenizer, self._device = tokenizer, device

@@ -44,6 +44,9 @@ class ServerConfig:
         embed_quantize: None (full precision), ``"int8"`` (int8 embedder forward pass on CPU) or
             ``"auto"`` (int8 on CPU, full precision elsewhere); see
             :class:`~gpuprompt.embed.EmbedderConfig` ``quantize``.
+        embed_dtype: the embedder's compute dtype (``"float16"``, ``"bfloat16"``, ``"float32"``;
+            None: fp16 on CUDA, fp32 elsewhere). ``"bfloat16"`` on a CPU with AMX or AVX512-BF16
+            runs prepacked bf16 layers (fp32's ranking kept, several times fp32's bulk speed).
         default_max_tokens: tokens generated when a request names no ``max_tokens`` (the engine
             also caps it by the room left in the context window).
         rag_k: documents retrieved per question by the collection chat endpoint.
@@ -52,6 +55,7 @@ class ServerConfig:
             answer 404 naming ``--rerank-model``). Collection chat then reranks its candidates.
         rerank_quantize: None, ``"int8"`` or ``"auto"`` for the reranker (see
             :class:`~gpuprompt.rerank.RerankerConfig` ``quantize``).
+        rerank_dtype: the reranker's compute dtype (as ``embed_dtype``).
         rag_fetch_k: candidates a collection chat retrieves before reranking down to ``rag_k``
             (with a ``rerank_model``; None: ``4 * rag_k``, at least 20).
         strict_model_names: refuse (404) a ``model`` field that does not name the endpoint's own
@@ -100,10 +104,12 @@ class ServerConfig:
     llm_backend: Literal["auto", "vllm", "transformers", "remote"] = "auto"
     device: str = "auto"
     embed_quantize: Literal["int8", "auto"] | None = None
+    embed_dtype: Literal["float16", "bfloat16", "float32"] | None = None
     default_max_tokens: int = 512
     rag_k: int = 4
     rerank_model: str | None = None
     rerank_quantize: Literal["int8", "auto"] | None = None
+    rerank_dtype: Literal["float16", "bfloat16", "float32"] | None = None
     rag_fetch_k: int | None = None
     strict_model_names: bool = True
     preload: bool = True
@@ -136,6 +142,10 @@ class ServerConfig:
                 )
         if self.rerank_model is not None and (not isinstance(self.rerank_model, str) or not self.rerank_model.strip()):
             raise ConfigurationError(f"'rerank_model' must be None or a non-empty str (got {describe(self.rerank_model)}).")
+        for name in ("embed_dtype", "rerank_dtype"):
+            if getattr(self, name) not in (None, "float16", "bfloat16", "float32"):
+                raise ConfigurationError(f"'{name}' must be None, 'float16', 'bfloat16' or 'float32' (got "
+                                         f"{describe(getattr(self, name))}).")
         if self.rerank_quantize not in (None, "int8", "auto"):
             raise ConfigurationError(f"'rerank_quantize' must be None, 'int8' or 'auto' (got {describe(self.rerank_quantize)}).")
         if self.max_model_len is not None:
@@ -210,6 +220,17 @@ class ServerConfig:
         options: dict[str, Any] = {"device": self.device}
         if self.rerank_quantize is not None:
             options["quantize"] = self.rerank_quantize
+        if self.rerank_dtype is not None:
+            options["dtype"] = self.rerank_dtype
+        return options
+
+    def embed_options(self) -> dict[str, Any]:
+        """The :class:`~gpuprompt.embed.EmbedderConfig` options of the served embedder."""
+        options: dict[str, Any] = {"device": self.device}
+        if self.embed_quantize is not None:
+            options["quantize"] = self.embed_quantize
+        if self.embed_dtype is not None:
+            options["dtype"] = self.embed_dtype
         return options
 
     def llm_options(self) -> dict[str, Any]:

@@ -25,6 +25,7 @@ def serve(
     chat_model: str | None = None,
     device: str = "auto",
     embed_quantize: Literal["int8", "auto"] | None = None,
+    embed_dtype: Literal["float16", "bfloat16", "float32"] | None = None,
     max_body_bytes: int = ServerConfig.max_body_bytes,
     max_in_flight: int = ServerConfig.max_in_flight,
     retry_after_s: int = ServerConfig.retry_after_s,
@@ -32,6 +33,7 @@ def serve(
     rag_k: int = ServerConfig.rag_k,
     rerank_model: str | None = None,
     rerank_quantize: Literal["int8", "auto"] | None = None,
+    rerank_dtype: Literal["float16", "bfloat16", "float32"] | None = None,
     rag_fetch_k: int | None = None,
     strict_model_names: bool = True,
     max_collections: int = ServerConfig.max_collections,
@@ -65,6 +67,8 @@ def serve(
             chat model and starts no LLM engine (embeddings / rerank only; chat routes answer 404).
         device: ``"auto"``, ``"cpu"``, ``"cuda"``, ``"cuda:N"`` or ``"mps"``.
         embed_quantize: None, ``"int8"`` or ``"auto"``: the embedder's ``quantize``.
+        embed_dtype: the embedder's compute ``dtype`` (None: fp16 on CUDA, fp32 elsewhere).
+        rerank_dtype: the reranker's compute ``dtype``.
         max_body_bytes: the largest request body (413 beyond).
         max_in_flight: most concurrent model requests (429 with ``Retry-After`` beyond).
         retry_after_s: the ``Retry-After`` seconds sent with 429.
@@ -108,6 +112,7 @@ def serve(
         chat_model=chat_model,
         device=device,
         embed_quantize=embed_quantize,
+        embed_dtype=embed_dtype,
         max_body_bytes=max_body_bytes,
         max_in_flight=max_in_flight,
         retry_after_s=retry_after_s,
@@ -115,6 +120,7 @@ def serve(
         rag_k=rag_k,
         rerank_model=rerank_model,
         rerank_quantize=rerank_quantize,
+        rerank_dtype=rerank_dtype,
         rag_fetch_k=rag_fetch_k,
         strict_model_names=strict_model_names,
         max_collections=max_collections,

@@ -47,6 +47,9 @@ class ServeSettings(BaseSettings):
     device: str = Field("auto", min_length=1, description="auto (cuda > mps > cpu), cpu, cuda, cuda:N or mps")
     embed_quantize: Literal["int8", "auto"] | None = Field(
         None, description="int8 embedder forward pass on CPU (auto: int8 on CPU only); unset: full precision")
+    embed_dtype: Literal["float16", "bfloat16", "float32"] | None = Field(
+        None, description="the embedder's compute dtype (bfloat16: prepacked bf16 layers on a CPU with AMX or "
+        "AVX512-BF16); unset: fp16 on CUDA, fp32 elsewhere")
     max_body_bytes: int = Field(ServerConfig.max_body_bytes, ge=1, description="larger request bodies get 413")
     max_in_flight: int = Field(ServerConfig.max_in_flight, ge=1,
                                description="more concurrent model requests get 429 + Retry-After")
@@ -58,6 +61,8 @@ class ServeSettings(BaseSettings):
                                      "serving /v1/rerank and reranking collection chat; unset: no reranking")
     rerank_quantize: Literal["int8", "auto"] | None = Field(
         None, description="int8 reranker forward pass on CPU (auto: int8 on CPU only); unset: full precision")
+    rerank_dtype: Literal["float16", "bfloat16", "float32"] | None = Field(
+        None, description="the reranker's compute dtype (as --embed-dtype); unset: fp16 on CUDA, fp32 elsewhere")
     rag_fetch_k: int | None = Field(None, ge=1, description="candidates a collection chat retrieves before "
                                     "reranking to --rag-k (with --rerank-model; unset: 4 x rag-k, at least 20)")
     max_collections: int = Field(ServerConfig.max_collections, ge=0,
@@ -93,6 +98,7 @@ class ServeSettings(BaseSettings):
             "embedding_model": self.embedding_model,
             "device": self.device,
             "embed_quantize": self.embed_quantize,
+            "embed_dtype": self.embed_dtype,
             "max_body_bytes": self.max_body_bytes,
             "max_in_flight": self.max_in_flight,
             "retry_after_s": self.retry_after,
@@ -100,6 +106,7 @@ class ServeSettings(BaseSettings):
             "rag_k": self.rag_k,
             "rerank_model": self.rerank_model,
             "rerank_quantize": self.rerank_quantize,
+            "rerank_dtype": self.rerank_dtype,
             "rag_fetch_k": self.rag_fetch_k,
             "max_collections": self.max_collections,
             "max_collection_records": self.max_collection_records,

@@ -56,8 +56,7 @@ class ServerState:
         self.config = config
         runtime = get_runtime()
         if embedder is None:
-            options = {} if config.embed_quantize is None else {"quantize": config.embed_quantize}
-            embedder = runtime.embedder(config.embedding_model, device=config.device, **options)
+            embedder = runtime.embedder(config.embedding_model, **config.embed_options())
         if not config.serves_chat and llm is not None:
             raise ConfigurationError(
                 f"chat_model={config.chat_model!r} serves no chat model, but an engine was passed as 'llm' "

@@ -1,10 +1,10 @@
-"""``embed-quant``: the int8 embedder against fp32 on CPU, each side in a process of its own.
+"""``embed-quant``: the int8 and bf16 embedders against fp32 on CPU, each side in a process of its own.
 
-Both sides are ``gpuprompt.Embedder`` (same tokenizer, batcher and cache); only ``quantize``
-differs. Each run starts one fresh process per side (their order alternates between runs, so a
-noisy neighbour hurts both alike) that measures 32 concurrent one-query callers and a bulk encode;
-the first run also embeds the quality guard's corpus, from which the parent computes cosine and
-recall@10 of int8 against fp32.
+All sides are ``gpuprompt.Embedder`` (same tokenizer, batcher and cache); only ``quantize`` (int8)
+or ``dtype`` (bf16) differs. Each run starts one fresh process per side (their order rotates between
+runs, so a noisy neighbour hurts all alike) that measures 32 concurrent one-query callers and a bulk
+encode; the first run also embeds the quality guard's corpora, from which the parent computes cosine,
+recall@10 and top-10 agreement on real prose against fp32.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from gpuprompt.apps.bench._registry import BenchContext, Chart, ScenarioResult, 
 __all__: list[str] = []
 
 _CALLERS = 32
+_SIDES = ["fp32", "int8", "bf16"]
 _SIDE_TIMEOUT_S = 1800  # a first int8 build (export + guard) takes under a minute on 2 cores
 
 
@@ -38,7 +39,7 @@ def _sizes(quick: bool) -> tuple[int, int]:
     return (512, 512) if quick else (512, 2048)
 
 
-def _side(quantize: str | None, run: int, quick: bool, vectors: Path | None) -> dict[str, float]:
+def _side(side: str, run: int, quick: bool, vectors: Path | None) -> dict[str, float]:
     """One side's measurements, in this process (the child entry point calls it)."""
     import numpy as np
 
@@ -49,7 +50,8 @@ def _side(quantize: str | None, run: int, quick: bool, vectors: Path | None) -> 
     from gpuprompt.embed import _guard as _quant
 
     calls, bulk = _sizes(quick)
-    emb = Embedder(device="cpu", quantize=quantize)
+    emb = Embedder(device="cpu", quantize="int8" if side == "int8" else None,
+                   dtype="bfloat16" if side == "bf16" else None)
     started = time.perf_counter()
     emb.load()
     load_s = time.perf_counter() - started
@@ -67,7 +69,8 @@ def _side(quantize: str | None, run: int, quick: bool, vectors: Path | None) -> 
         if vectors is not None:
             products, questions, _ = _quant.guard_corpus()
             emb.clear_cache()
-            np.save(vectors, emb.embed(products + questions + list(_quant.EDGE_TEXTS)))
+            paragraphs, asks = _quant.prose_set()
+            np.save(vectors, emb.embed(products + questions + list(_quant.EDGE_TEXTS) + paragraphs + asks))
         batches = emb.stats().batcher.batches
     finally:
         emb.close()
@@ -101,9 +104,9 @@ def _spawn(side: str, run: int, quick: bool, work: Path, vectors: bool) -> dict[
 
 @scenario(
     "embed-quant",
-    "int8 vs fp32 gpuprompt Embedder on CPU, each side in its own process: 32 concurrent one-query callers "
+    "int8 and bf16 vs fp32 gpuprompt Embedder on CPU, each side in its own process: 32 concurrent one-query callers "
     "and a bulk encode of product descriptions; cosine and recall@10 of int8 vs fp32 on the 2,000-product "
-    "catalogue.",
+    "catalogue, top-10 agreement on real prose.",
 )
 def embed_quant(ctx: BenchContext) -> ScenarioResult:
     import numpy as np
@@ -116,11 +119,15 @@ def embed_quant(ctx: BenchContext) -> ScenarioResult:
 
         def measure() -> dict[str, float]:
             run = next(run_ids)
-            sides = ["fp32", "int8"] if run % 2 == 0 else ["int8", "fp32"]
+            sides = _SIDES[run % len(_SIDES):] + _SIDES[:run % len(_SIDES)]
             other = OtherLoad()
             figures = {side: _spawn(side, run, ctx.quick, work, vectors=run == 0) for side in sides}
-            fp, q8 = figures["fp32"], figures["int8"]
+            fp, q8, bf = figures["fp32"], figures["int8"], figures["bf16"]
             return {
+                "bf16_callers_qps": bf["callers_qps"],
+                "bf16_callers_ratio": bf["callers_qps"] / fp["callers_qps"],
+                "bf16_bulk_texts_per_s": bf["bulk_texts_per_s"],
+                "bf16_bulk_ratio": bf["bulk_texts_per_s"] / fp["bulk_texts_per_s"],
                 "fp32_callers_qps": fp["callers_qps"],
                 "int8_callers_qps": q8["callers_qps"],
                 "callers_ratio": q8["callers_qps"] / fp["callers_qps"],
@@ -138,8 +145,16 @@ def embed_quant(ctx: BenchContext) -> ScenarioResult:
 
         metrics, runs = ctx.repeat(measure)
         fp_vectors, q8_vectors = np.load(work / "fp32.npy"), np.load(work / "int8.npy")
+        bf_vectors = np.load(work / "bf16.npy")
     products, questions, relevant = _quant.guard_corpus()
+    paragraphs, asks = _quant.prose_set()
     n, m = len(products), len(products) + len(questions)
+    e = len(fp_vectors) - len(paragraphs) - len(asks)
+    p = e + len(paragraphs)
+    agreement = _quant.agreement_at_10((fp_vectors[p:], fp_vectors[e:p]), (q8_vectors[p:], q8_vectors[e:p]))
+    bf16_agreement = _quant.agreement_at_10((fp_vectors[p:], fp_vectors[e:p]), (bf_vectors[p:], bf_vectors[e:p]))
+    bf16_cosines = np.sum(fp_vectors[:e] * bf_vectors[:e], axis=1)
+    fp_vectors, q8_vectors = fp_vectors[:e], q8_vectors[:e]
     cosines = np.sum(fp_vectors * q8_vectors, axis=1)
     fp_recall, fp_top = _quant.recall_at_10(fp_vectors[n:m], fp_vectors[:n], relevant)
     q8_recall, q8_top = _quant.recall_at_10(q8_vectors[n:m], q8_vectors[:n], relevant)
@@ -150,13 +165,17 @@ def embed_quant(ctx: BenchContext) -> ScenarioResult:
         "fp32_recall_at_10": fp_recall,
         "int8_recall_at_10": q8_recall,
         "overlap_at_10": float(np.mean([len(set(a) & set(b)) / 10 for a, b in zip(fp_top, q8_top)])),
+        "prose_agreement_at_10": agreement,
+        "bf16_prose_agreement_at_10": bf16_agreement,
+        "bf16_cosine_mean": float(bf16_cosines.mean()),
+        "bf16_cosine_min": float(bf16_cosines.min()),
     })
     ratio = min(metrics["callers_ratio"], metrics["bulk_ratio"])
     cores = os.cpu_count() or 1
     # Other processes that shared the cores slow fp32 torch (OpenMP) down far more than int8.
     alone = max(runs["other_cores"]) <= OTHER_CORES_LIMIT
-    met = (alone and ratio >= 2.0 and metrics["cosine_mean"] >= 0.99 and metrics["cosine_min"] >= 0.98
-           and metrics["recall_at_10_kept"] >= 0.98)
+    met = (alone and ratio >= 2.0 and metrics["cosine_mean"] >= 0.995 and metrics["cosine_min"] >= 0.98
+           and metrics["recall_at_10_kept"] >= 0.98 and metrics["prose_agreement_at_10"] >= 0.98)
     busy = "" if alone else (
         f"NOT MEASURED ALONE: other processes kept {max(runs['other_cores']):.2f} of the {cores} cores busy, "
         "so they shared them and the speed ratios are not evidence (the goal is reported as "
@@ -166,18 +185,20 @@ def embed_quant(ctx: BenchContext) -> ScenarioResult:
     return ScenarioResult(
         metrics=metrics,
         runs=runs,
-        goal="int8 >= 2x fp32 throughput (32 callers and bulk) with cosine mean >= 0.99, min >= 0.98 and "
-             ">= 0.98 of fp32's recall@10 on the catalogue",
+        goal="int8 >= 2x fp32 throughput (32 callers and bulk) with cosine mean >= 0.995, min >= 0.98, "
+             ">= 0.98 of fp32's recall@10 on the catalogue and top-10 agreement with fp32 >= 0.98 on real prose",
         goal_met=met,
         ratio=ratio,
         ratio_label="int8 vs fp32 embedding throughput (the lower of callers / bulk)",
         chart=Chart(
             kind="bar",
-            title="gpuprompt Embedder on CPU: fp32 vs int8 (texts / second)",
+            title="gpuprompt Embedder on CPU: fp32, int8 and bf16 (texts / second)",
             ylabel="texts / second",
-            labels=["fp32, 32 callers", "int8, 32 callers", "fp32, bulk", "int8, bulk"],
-            values=[metrics["fp32_callers_qps"], metrics["int8_callers_qps"],
-                    metrics["fp32_bulk_texts_per_s"], metrics["int8_bulk_texts_per_s"]],
+            labels=["fp32, 32 callers", "int8, 32 callers", "bf16, 32 callers", "fp32, bulk", "int8, bulk",
+                    "bf16, bulk"],
+            values=[metrics["fp32_callers_qps"], metrics["int8_callers_qps"], metrics["bf16_callers_qps"],
+                    metrics["fp32_bulk_texts_per_s"], metrics["int8_bulk_texts_per_s"],
+                    metrics["bf16_bulk_texts_per_s"]],
         ),
         notes=(
             busy + f"{_CALLERS} threads make {calls} one-query calls; the bulk encode is one call of {bulk} product "
@@ -185,21 +206,24 @@ def embed_quant(ctx: BenchContext) -> ScenarioResult:
             f"{len(cosines) - m} edge texts such as '' and '?'). "
             "recall_at_10_kept = int8 recall@10 / fp32 recall@10 with relevance from product attributes; "
             "overlap_at_10 (share of fp32's top-10 that int8 returns) is informational: 42% of the queries have "
-            "10th and 11th fp32 scores within 0.001 of each other, so even bf16 compute scores 0.978 on it."
+            "10th and 11th fp32 scores within 0.001 of each other, so even bf16 compute scores 0.978 on it. "
+            f"prose_agreement_at_10: the share of fp32's top-10 that int8 returns for {len(asks)} paragraphs of "
+            f"Python's language reference searched over {len(paragraphs)} others. The bf16 side is "
+            "Embedder(dtype='bfloat16'): on a CPU with AMX or AVX512-BF16 its linear layers run prepacked bf16 "
+            "(elsewhere bf16 is emulated and slow); it is reported beside int8, not part of the int8 goal."
         ),
     )
 
 
 def _side_main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="one side of the embed-quant bench (internal)")
-    parser.add_argument("--side", choices=["fp32", "int8"], required=True)
+    parser.add_argument("--side", choices=_SIDES, required=True)
     parser.add_argument("--run", type=int, default=0)
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--out", required=True)
     parser.add_argument("--vectors")
     args = parser.parse_args(argv)
-    quantize = "int8" if args.side == "int8" else None
-    figures: dict[str, Any] = _side(quantize, args.run, args.quick, Path(args.vectors) if args.vectors else None)
+    figures: dict[str, Any] = _side(args.side, args.run, args.quick, Path(args.vectors) if args.vectors else None)
     Path(args.out).write_text(json.dumps(figures))
     return 0
 

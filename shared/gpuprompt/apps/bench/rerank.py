@@ -2,7 +2,7 @@
 
 Sides, each in a process of its own (their order rotates between runs): LangChain's
 ``CrossEncoderReranker`` over ``HuggingFaceCrossEncoder``, LlamaIndex's ``SentenceTransformerRerank``,
-and ``GPUPromptReranker`` in fp32 and int8, all on the same cross-encoder. A last process measures
+and ``GPUPromptReranker`` in fp32, int8 and bf16, all on the same cross-encoder. A last process measures
 the batching limit: the same pairs scored by one ``CrossEncoder.predict`` caller in batches of 64
 (no per-call overhead, no contention), which bounds what coalescing alone can give on CPU.
 
@@ -34,7 +34,7 @@ _PASSAGES = 20
 _TOP_N = 4
 _LONE_CALLS = 12
 _SIDE_TIMEOUT_S = 1800
-SIDES = ("langchain", "llamaindex", "ours", "ours-int8", "limit")
+SIDES = ("langchain", "llamaindex", "ours", "ours-int8", "ours-bf16", "limit")
 MODEL_ENV = "GPUPROMPT_BENCH_RERANK_MODEL"
 
 
@@ -80,7 +80,8 @@ def _rerankers(side: str, path: str) -> tuple[Any, Any]:
     from langchain_gpuprompt import GPUPromptReranker
 
     ours = GPUPromptReranker(model=path, device="cpu", top_n=_TOP_N,
-                             quantize="int8" if side == "ours-int8" else None)
+                             quantize="int8" if side == "ours-int8" else None,
+                             dtype="bfloat16" if side == "ours-bf16" else None)
     ours.reranker.load()  # an int8 build (once, cached) is not part of the measurement
     return (lambda q, ps: [d.page_content for d in ours.compress_documents([Document(page_content=p)
                                                                            for p in ps], q)]), ours.reranker
@@ -120,8 +121,22 @@ def _side(side: str, run: int, quick: bool) -> dict[str, Any]:
         if core.quality is not None:
             out["top3_agreement"] = core.quality.top3_agreement
             out["top1_agreement"] = core.quality.top1_agreement
+        if side in ("ours", "ours-bf16"):  # bf16's ranking vs fp32's, on the int8 guard's real-prose set
+            from gpuprompt.rerank._int8 import guard_set
+
+            out["guard_scores"] = [core.score([(q, d) for d in ds]) for q, ds in guard_set()]
         core.close()
     return out
+
+
+def _agreement(reference: list[list[float]], other: list[list[float]], k: int) -> float:
+    """Mean share of ``reference``'s top ``k`` (per query) that ``other`` also ranks in its top ``k``."""
+    import numpy as np
+
+    shares = [len(set(np.argsort(-np.asarray(a), kind="stable")[:k].tolist())
+                  & set(np.argsort(-np.asarray(b), kind="stable")[:k].tolist())) / k
+              for a, b in zip(reference, other)]
+    return float(np.mean(shares))
 
 
 def _spawn(side: str, run: int, quick: bool, work: Path) -> dict[str, Any]:
@@ -138,7 +153,8 @@ def _spawn(side: str, run: int, quick: bool, work: Path) -> dict[str, Any]:
 @scenario(
     "rerank",
     "32 concurrent callers each reranking 20 unseen passages (top 4), each side in its own process: LangChain "
-    "CrossEncoderReranker, LlamaIndex SentenceTransformerRerank, GPUPromptReranker fp32 and int8, same cross-encoder; "
+    "CrossEncoderReranker, LlamaIndex SentenceTransformerRerank, GPUPromptReranker fp32, int8 and bf16, same "
+    "cross-encoder; "
     "plus the batching limit (one caller, batches of 64) and a lone caller's latency.",
 )
 def rerank(ctx: BenchContext) -> ScenarioResult:
@@ -152,7 +168,7 @@ def rerank(ctx: BenchContext) -> ScenarioResult:
             order = list(SIDES[run % len(SIDES):] + SIDES[:run % len(SIDES)])
             other = OtherLoad()
             figures = {side: _spawn(side, run, ctx.quick, work) for side in order}
-            lc, li, ours, q8, limit = (figures[s] for s in SIDES)
+            lc, li, ours, q8, bf, limit = (figures[s] for s in SIDES)
             return {
                 "langchain_requests_per_s": lc["requests_per_s"],
                 "llamaindex_requests_per_s": li["requests_per_s"],
@@ -163,6 +179,12 @@ def rerank(ctx: BenchContext) -> ScenarioResult:
                 "fp32_vs_llamaindex": ours["requests_per_s"] / li["requests_per_s"],
                 "int8_vs_langchain": q8["requests_per_s"] / lc["requests_per_s"],
                 "int8_vs_llamaindex": q8["requests_per_s"] / li["requests_per_s"],
+                "ours_bf16_requests_per_s": bf["requests_per_s"],
+                "bf16_vs_langchain": bf["requests_per_s"] / lc["requests_per_s"],
+                "bf16_vs_llamaindex": bf["requests_per_s"] / li["requests_per_s"],
+                "bf16_lone_ms": bf["lone_s"] * 1000,
+                "bf16_top3_agreement": _agreement(ours["guard_scores"], bf["guard_scores"], 3),
+                "bf16_top1_agreement": _agreement(ours["guard_scores"], bf["guard_scores"], 1),
                 "limit_vs_langchain": limit["requests_per_s"] / lc["requests_per_s"],
                 "ours_p95_s": ours["p95_s"],
                 "langchain_p95_s": lc["p95_s"],
@@ -199,10 +221,10 @@ def rerank(ctx: BenchContext) -> ScenarioResult:
             title="Rerank, 32 callers x 20 passages (requests / second)",
             ylabel="requests / second",
             labels=["LangChain CrossEncoderReranker", "LlamaIndex SentenceTransformerRerank", "gpuprompt fp32",
-                    "gpuprompt int8", "batching limit (1 caller, batches of 64)"],
+                    "gpuprompt int8", "gpuprompt bf16", "batching limit (1 caller, batches of 64)"],
             values=[metrics["langchain_requests_per_s"], metrics["llamaindex_requests_per_s"],
                     metrics["ours_requests_per_s"], metrics["ours_int8_requests_per_s"],
-                    metrics["limit_requests_per_s"]],
+                    metrics["ours_bf16_requests_per_s"], metrics["limit_requests_per_s"]],
         ),
         notes=busy + (f"Model: {'a trained cross-encoder from ' + MODEL_ENV if trained else 'the random-head MiniLM-L6 cross-encoder (real compute, meaningless scores)'}. "
                       "Each request is a new question over 20 new product descriptions; top 4 kept. limit_vs_langchain "
