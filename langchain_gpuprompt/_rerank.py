@@ -83,7 +83,8 @@ class GPUPromptReranker(BaseDocumentCompressor):
     """Most tokens of a (query, document) pair; longer ones are truncated (None: the model's)."""
     dtype: Literal["float16", "bfloat16", "float32"] | None = _CORE.dtype
     """Compute dtype; None = fp16 on CUDA, fp32 elsewhere. 'bfloat16' on a CPU with AMX or
-    AVX512-BF16 runs prepacked bf16 layers (about 2x fp32 there, fp32's ranking kept)."""
+    AVX512-BF16 runs prepacked bf16 layers (measured on 2 cores: 2.8x fp32's requests/s, 0.978 of
+    fp32's top-3 kept)."""
     quantize: Literal["int8", "auto"] | None = None
     """None: full precision; 'int8': int8 forward pass on CPU (the 'quant' extra), guarded on ranking
     agreement with fp32; 'auto': int8 where it runs and passes."""

@@ -62,7 +62,8 @@ class GPUPromptRerank(BaseNodePostprocessor):
                                        "metadata['retrieval_score'].")
     dtype: Literal["float16", "bfloat16", "float32"] | None = Field(
         default=None, description="Compute dtype; None = fp16 on CUDA, fp32 elsewhere. 'bfloat16' on a CPU with AMX "
-        "or AVX512-BF16 runs prepacked bf16 layers (about 2x fp32 there, fp32's ranking kept).")
+        "or AVX512-BF16 runs prepacked bf16 layers (measured on 2 cores: 2.8x fp32's requests/s, 0.978 of "
+        "fp32's top-3 kept).")
     quantize: Literal["int8", "auto"] | None = Field(default=None, description="int8 forward pass on CPU "
                                                      "(guarded on ranking agreement), or 'auto'.")
     base_url: str | None = Field(default=None, description="A running gpuprompt serve --rerank-model (remote mode); "

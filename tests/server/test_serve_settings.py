@@ -130,6 +130,8 @@ def test_dtype_flags_reach_the_embedder_and_the_reranker(server_llm, cross_encod
         _serve_parser().parse_args(["--embed-dtype", "int8"])
     with pytest.raises(ConfigurationError, match="'rerank_dtype'"):
         create_app(rerank_dtype="fp8", llm=server_llm, preload=False)
+    with pytest.raises(ConfigurationError, match="--embed-quantize, --embed-dtype"):
+        create_app(embed_quantize="int8", embed_dtype="bfloat16", llm=server_llm, preload=False)
 
 
 @pytest.mark.parametrize(

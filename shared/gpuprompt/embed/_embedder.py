@@ -171,7 +171,8 @@ class Embedder(LoadedModel):
             dtype = self.config.dtype or default_dtype(device)
             model.to(getattr(torch, dtype))
             model.eval()
-            pack_for_cpu_bf16(model, device, dtype)  # bf16 weights packed once for AMX, not per call
+            if pack_for_cpu_bf16(model, device, dtype):  # bf16 weights packed once for AMX, not per call
+                dtype = f"{dtype}, packed"
             forward, quantization, quality = self._choose_forward(model, path, device)
             dim = model.get_embedding_dimension() if hasattr(model, "get_embedding_dimension") else None
             dim = dim or model.get_sentence_embedding_dimension()

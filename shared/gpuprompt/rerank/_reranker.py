@@ -206,7 +206,8 @@ class Reranker(LoadedModel):
             dtype = self.config.dtype or default_dtype(device)
             model.to(device=device, dtype=getattr(torch, dtype))
             model.eval()
-            pack_for_cpu_bf16(model, device, dtype)  # bf16 weights packed once for AMX, not per call
+            if pack_for_cpu_bf16(model, device, dtype):  # bf16 weights packed once for AMX, not per call
+                dtype = f"{dtype}, packed"
             self._activation = _activation(self.config.activation, model.config)
             self._max_length = _max_length(self.config.max_length, tokenizer, model.config)
             self._tokenizer, self._device = tokenizer, device

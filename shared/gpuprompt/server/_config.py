@@ -46,7 +46,7 @@ class ServerConfig:
             :class:`~gpuprompt.embed.EmbedderConfig` ``quantize``.
         embed_dtype: the embedder's compute dtype (``"float16"``, ``"bfloat16"``, ``"float32"``;
             None: fp16 on CUDA, fp32 elsewhere). ``"bfloat16"`` on a CPU with AMX or AVX512-BF16
-            runs prepacked bf16 layers (fp32's ranking kept, several times fp32's bulk speed).
+            runs prepacked bf16 layers (see :class:`~gpuprompt.embed.EmbedderConfig` ``dtype``).
         default_max_tokens: tokens generated when a request names no ``max_tokens`` (the engine
             also caps it by the room left in the context window).
         rag_k: documents retrieved per question by the collection chat endpoint.
@@ -142,10 +142,16 @@ class ServerConfig:
                 )
         if self.rerank_model is not None and (not isinstance(self.rerank_model, str) or not self.rerank_model.strip()):
             raise ConfigurationError(f"'rerank_model' must be None or a non-empty str (got {describe(self.rerank_model)}).")
-        for name in ("embed_dtype", "rerank_dtype"):
-            if getattr(self, name) not in (None, "float16", "bfloat16", "float32"):
-                raise ConfigurationError(f"'{name}' must be None, 'float16', 'bfloat16' or 'float32' (got "
-                                         f"{describe(getattr(self, name))}).")
+        for part in ("embed", "rerank"):
+            dtype, quantize = getattr(self, f"{part}_dtype"), getattr(self, f"{part}_quantize")
+            if dtype not in (None, "float16", "bfloat16", "float32"):
+                raise ConfigurationError(f"'{part}_dtype' must be None, 'float16', 'bfloat16' or 'float32' (got "
+                                         f"{describe(dtype)}).")
+            if quantize is not None and dtype not in (None, "float32"):
+                raise ConfigurationError(
+                    f"'{part}_quantize' ({quantize!r}) and '{part}_dtype' ({dtype!r}) exclude each other "
+                    f"(--{part}-quantize, --{part}-dtype): the int8 forward replaces the compute dtype. Set one."
+                )
         if self.rerank_quantize not in (None, "int8", "auto"):
             raise ConfigurationError(f"'rerank_quantize' must be None, 'int8' or 'auto' (got {describe(self.rerank_quantize)}).")
         if self.max_model_len is not None:
@@ -217,20 +223,18 @@ class ServerConfig:
 
     def rerank_options(self) -> dict[str, Any]:
         """The :class:`~gpuprompt.rerank.RerankerConfig` options of the served reranker."""
-        options: dict[str, Any] = {"device": self.device}
-        if self.rerank_quantize is not None:
-            options["quantize"] = self.rerank_quantize
-        if self.rerank_dtype is not None:
-            options["dtype"] = self.rerank_dtype
-        return options
+        return self._model_options(self.rerank_quantize, self.rerank_dtype)
 
     def embed_options(self) -> dict[str, Any]:
         """The :class:`~gpuprompt.embed.EmbedderConfig` options of the served embedder."""
+        return self._model_options(self.embed_quantize, self.embed_dtype)
+
+    def _model_options(self, quantize: str | None, dtype: str | None) -> dict[str, Any]:
         options: dict[str, Any] = {"device": self.device}
-        if self.embed_quantize is not None:
-            options["quantize"] = self.embed_quantize
-        if self.embed_dtype is not None:
-            options["dtype"] = self.embed_dtype
+        if quantize is not None:
+            options["quantize"] = quantize
+        if dtype is not None:
+            options["dtype"] = dtype
         return options
 
     def llm_options(self) -> dict[str, Any]:

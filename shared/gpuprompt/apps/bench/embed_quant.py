@@ -111,6 +111,7 @@ def _spawn(side: str, run: int, quick: bool, work: Path, vectors: bool) -> dict[
 def embed_quant(ctx: BenchContext) -> ScenarioResult:
     import numpy as np
 
+    from gpuprompt._bf16 import bf16_is_native
     from gpuprompt.embed import _guard as _quant
 
     run_ids = iter(range(10**6))
@@ -167,6 +168,7 @@ def embed_quant(ctx: BenchContext) -> ScenarioResult:
         "overlap_at_10": float(np.mean([len(set(a) & set(b)) / 10 for a, b in zip(fp_top, q8_top)])),
         "prose_agreement_at_10": agreement,
         "bf16_prose_agreement_at_10": bf16_agreement,
+        "bf16_native": float(bf16_is_native()),  # 0: this CPU emulates bf16 (nothing packed, slow)
         "bf16_cosine_mean": float(bf16_cosines.mean()),
         "bf16_cosine_min": float(bf16_cosines.min()),
     })

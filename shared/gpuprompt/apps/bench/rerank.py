@@ -158,6 +158,8 @@ def _spawn(side: str, run: int, quick: bool, work: Path) -> dict[str, Any]:
     "plus the batching limit (one caller, batches of 64) and a lone caller's latency.",
 )
 def rerank(ctx: BenchContext) -> ScenarioResult:
+    from gpuprompt._bf16 import bf16_is_native
+
     model_path()  # build the random-head model once, before any side starts
     run_ids = iter(range(10**6))
     with tempfile.TemporaryDirectory(prefix="gpuprompt-rerank-") as folder:
@@ -185,6 +187,7 @@ def rerank(ctx: BenchContext) -> ScenarioResult:
                 "bf16_lone_ms": bf["lone_s"] * 1000,
                 "bf16_top3_agreement": _agreement(ours["guard_scores"], bf["guard_scores"], 3),
                 "bf16_top1_agreement": _agreement(ours["guard_scores"], bf["guard_scores"], 1),
+                "bf16_native": float(bf16_is_native()),  # 0: this CPU emulates bf16 (nothing packed, slow)
                 "limit_vs_langchain": limit["requests_per_s"] / lc["requests_per_s"],
                 "ours_p95_s": ours["p95_s"],
                 "langchain_p95_s": lc["p95_s"],
