@@ -15,6 +15,7 @@ from gpuprompt._int8 import (
     fingerprint,
     onnxruntime,
     quantize_onnx,
+    weight_format,
     write_json_atomic,
 )
 from gpuprompt.embed._guard import GUARD_QUERIES, QualityReport, measure
@@ -66,7 +67,9 @@ def build_int8(
     root = root or cache_dir() / "models"
     name = model_id.rstrip("/").rsplit("/", 1)[-1] or "model"
     suffix = "" if (products, queries) == (2000, GUARD_QUERIES) else f"-g{products}x{queries}"
-    target = root / f"{name}-{RECIPE}-{fingerprint(model_path, RECIPE)}{suffix}"
+    weights = weight_format()  # u8 weights where this CPU's u8 x s8 kernel saturates
+    recipe = RECIPE if weights == "s8" else f"{RECIPE}-u8"
+    target = root / f"{name}-{recipe}-{fingerprint(model_path, recipe)}{suffix}"
     report = _read_report(target)
     if report is not None and report.onnxruntime == ort.__version__:
         return target / _MODEL_FILE, report
@@ -81,7 +84,7 @@ def build_int8(
         fp32 = tmp / "model.fp32.onnx"
         export_onnx(model, fp32)
         maxima = channel_maxima(fp32, calibration_batches(model, calibration_texts()))
-        quantize_onnx(fp32, tmp / _MODEL_FILE, maxima=maxima, alpha=_SMOOTHING_ALPHA)
+        quantize_onnx(fp32, tmp / _MODEL_FILE, maxima=maxima, alpha=_SMOOTHING_ALPHA, weight_dtype=weights)
         fp32.unlink()
         built = measure(model, tmp / _MODEL_FILE, products=products, queries=queries)
         (tmp / _REPORT_FILE).write_text(json.dumps(dataclasses.asdict(built), indent=2) + "\n")

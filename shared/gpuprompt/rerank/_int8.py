@@ -40,6 +40,7 @@ from gpuprompt._int8 import (
     onnxruntime,
     quantize_onnx,
     row_slices,
+    weight_format,
 )
 from gpuprompt.errors import ModelLoadError, QualityError
 
@@ -253,7 +254,9 @@ def build_int8(model: Any, tokenizer: Any, model_path: str, model_id: str, activ
 
     root = root or cache_dir() / "models"
     name = model_id.rstrip("/").rsplit("/", 1)[-1] or "reranker"
-    target = root / f"{name}-{RECIPE}-{fingerprint(model_path, RECIPE + activation)}"
+    weights = weight_format()  # u8 weights where this CPU's u8 x s8 kernel saturates
+    recipe = RECIPE if weights == "s8" else f"{RECIPE}-u8"
+    target = root / f"{name}-{recipe}-{fingerprint(model_path, recipe + activation)}"
     report = _read_report(target)
     if report is not None and report.onnxruntime == ort.__version__:
         return target / _MODEL_FILE, report
@@ -264,7 +267,7 @@ def build_int8(model: Any, tokenizer: Any, model_path: str, model_id: str, activ
         export_onnx(model, tokenizer, fp32)
         calibration = [(q, d) for q, documents in guard_set(24, 8) for d in documents]
         maxima = channel_maxima(fp32, _pairs_batches(tokenizer, calibration, max_length))
-        quantize_onnx(fp32, tmp / _MODEL_FILE, maxima=maxima, alpha=_SMOOTHING_ALPHA)
+        quantize_onnx(fp32, tmp / _MODEL_FILE, maxima=maxima, alpha=_SMOOTHING_ALPHA, weight_dtype=weights)
         fp32.unlink()
         measured = measure(model, tokenizer, tmp / _MODEL_FILE, activation, max_length)
         (tmp / _REPORT_FILE).write_text(json.dumps(dataclasses.asdict(measured), indent=2) + "\n")
