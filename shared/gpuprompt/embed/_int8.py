@@ -36,6 +36,11 @@ So no W8A8 recipe measured keeps 0.98 of fp32's top-10 at 2x its speed. On a CPU
 AVX512-BF16, ``dtype="bfloat16"`` (prepacked, :mod:`gpuprompt._bf16`) keeps 0.993 at 1.5x (32
 callers) to 2.7x (bulk) fp32's speed.
 
+These speeds are for a CPU with VNNI (Intel with AMX), where onnxruntime's uint8 x int8 product is
+exact. On x86 without VNNI (AVX2 only) that kernel saturates 16-bit lanes (top-10 agreement 0.920),
+so the weights are stored as uint8 there (:func:`gpuprompt._int8.weight_format`): exact, agreement
+0.959, but 1.3x (32 callers) and 1.2x (bulk) fp32 on a 2-core AMD EPYC.
+
 With per-row scales a text's vector never depends on the batch it lands in: batched, concurrent
 and one-at-a-time vectors are bit-identical, as :class:`Int8Forward` relies on.
 
