@@ -1,11 +1,12 @@
-"""int8 ONNX on CPU, shared by the int8 backends of the embedder and the reranker.
+"""ONNX on CPU, shared by the onnxruntime backends of the embedder and the reranker (int8 and fp32).
 
 A transformer exported to ONNX is rewritten so that every ``MatMul`` with a constant weight runs as
 onnxruntime's ``MatMulIntegerToFloat`` with per-output-channel int8 weights and per-token int8
 activations, after SmoothQuant moves outlier channels from the activations into the weights
 (:func:`quantize_onnx`; the measurements behind the recipe are in :mod:`gpuprompt.embed._int8`).
 Each model is built once into the models cache (:func:`build_once`) and run by one-thread
-sessions (:func:`session`).
+sessions (:func:`session`). ``backend="onnx"`` runs the plain fp32 export the same way
+(:func:`build_fp32`), checked against torch when it is built.
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ from gpuprompt.errors import DependencyError, ModelLoadError
 __all__ = [
     "COMPLETE_MARK",
     "INSTALL_HINT",
+    "FP32_RECIPE",
+    "build_fp32",
     "build_once",
     "channel_maxima",
     "fingerprint",
@@ -406,7 +409,59 @@ def build_once(target: Path, build: Callable[[Path], None], *, ready: Callable[[
             shutil.rmtree(tmp, ignore_errors=True)
             if isinstance(exc, (DependencyError, ModelLoadError)):
                 raise
-            raise ModelLoadError(f"building the int8 model of {what} failed: {exc}") from exc
+            raise ModelLoadError(f"building the ONNX model of {what} failed: {exc}") from exc
+
+
+FP32_RECIPE = "onnx-fp32-v1"
+"""Names the fp32 export + check recipe; a new recipe builds a new cache folder."""
+
+FP32_MODEL_FILE = "model.onnx"
+FP32_TOLERANCE = 1e-3
+"""Most difference of the export's outputs from torch's, relative to their largest magnitude (at
+least 1): measured 3e-7 on MiniLM's sentence embeddings, 2e-6 on a cross-encoder's logits."""
+
+
+def build_fp32(model_path: str, model_id: str, kind: str, *, export: Callable[[Path], None],
+               check: Callable[[Path], tuple[np.ndarray, np.ndarray]], root: Path | None = None) -> Path:
+    """The fp32 ONNX export of a model, built once into the models cache and checked against torch.
+
+    Args:
+        model_path: the model's folder (fingerprinted for the cache name).
+        model_id: its name, for the folder name and messages.
+        kind: ``"embed"`` or ``"rerank"`` (a model can be both, exported differently).
+        export: writes the ONNX graph to the given path.
+        check: ``(torch outputs, onnx outputs)`` of a few real inputs for the graph at the given path.
+        root: where models go (default ``cache_dir() / "models"``).
+
+    Raises:
+        DependencyError: onnxruntime or onnx is missing.
+        ModelLoadError: the export failed, or its outputs differ from torch's by more than
+            :data:`FP32_TOLERANCE` (the message gives the figure).
+    """
+    ort = onnxruntime()
+    from gpuprompt.models import cache_dir
+
+    root = root or cache_dir() / "models"
+    name = model_id.rstrip("/").rsplit("/", 1)[-1] or "model"
+    target = root / f"{name}-{kind}-{FP32_RECIPE}-{fingerprint(model_path, FP32_RECIPE + kind)}"
+
+    def build(tmp: Path) -> None:
+        export(tmp / FP32_MODEL_FILE)
+        reference, outputs = check(tmp / FP32_MODEL_FILE)
+        reference, outputs = np.asarray(reference, dtype=np.float64), np.asarray(outputs, dtype=np.float64)
+        scale = max(1.0, float(np.abs(reference).max(initial=0.0)))
+        diff = float(np.abs(reference - outputs).max(initial=0.0)) / scale if reference.shape == outputs.shape \
+            else float("inf")
+        if not diff <= FP32_TOLERANCE:
+            raise ModelLoadError(
+                f"the ONNX export of {model_id!r} does not compute what torch computes (relative difference {diff:.3g} "
+                f"> {FP32_TOLERANCE:g} on real inputs); use backend='torch' for this model."
+            )
+        write_json_atomic(tmp / "check.json", {"max_relative_difference": diff, "onnxruntime": ort.__version__})
+
+    build_once(target, build, ready=lambda folder: (folder / COMPLETE_MARK).is_file()
+               and (folder / FP32_MODEL_FILE).is_file(), what=repr(model_id))
+    return target / FP32_MODEL_FILE
 
 
 def write_json_atomic(path: Path, data: dict[str, Any]) -> None:

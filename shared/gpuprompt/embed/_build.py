@@ -1,4 +1,5 @@
-"""Build the int8 embedder once (export, rewrite, guard) into the models cache, shared by every process."""
+"""Build the embedder's ONNX models once into the models cache, shared by every process: the int8
+one (export, rewrite, guard) and the fp32 one of ``backend="onnx"`` (export, check against torch)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from typing import Any
 
 from gpuprompt._int8 import (
     COMPLETE_MARK,
+    build_fp32,
     build_once,
     channel_maxima,
     fingerprint,
@@ -19,9 +21,9 @@ from gpuprompt._int8 import (
     write_json_atomic,
 )
 from gpuprompt.embed._guard import GUARD_QUERIES, QualityReport, measure
-from gpuprompt.embed._int8 import RECIPE, calibration_batches, calibration_texts, export_onnx
+from gpuprompt.embed._int8 import RECIPE, OnnxForward, calibration_batches, calibration_texts, export_onnx
 
-__all__ = ["build_int8"]
+__all__ = ["build_int8", "build_onnx"]
 
 logger = logging.getLogger(__name__)
 
@@ -93,6 +95,32 @@ def build_int8(
     report = _read_report(target)
     assert report is not None
     return target / _MODEL_FILE, report
+
+
+def build_onnx(model: Any, model_path: str, model_id: str, *, root: Path | None = None) -> Path:
+    """The fp32 ONNX export of ``model``'s transformer (``backend="onnx"``), built once and checked:
+    the sentence embeddings of real texts through it must equal torch's (see
+    :func:`gpuprompt._int8.build_fp32`).
+
+    Raises:
+        DependencyError: onnxruntime or onnx is missing.
+        ModelLoadError: the export failed or does not compute what torch computes.
+    """
+    import torch
+
+    def check(path: Path) -> tuple[Any, Any]:
+        texts = calibration_texts()[::8] + ["?", "", "a"]
+        with torch.inference_mode():
+            reference = model(model.preprocess(texts))["sentence_embedding"].float().numpy()
+        forward = OnnxForward(path, model, threads=1)
+        try:
+            with torch.inference_mode():
+                return reference, forward(model.preprocess(texts)).float().numpy()
+        finally:
+            forward.close()
+
+    return build_fp32(model_path, model_id, "embed", export=lambda path: export_onnx(model, path), check=check,
+                      root=root)
 
 
 def _read_report(folder: Path) -> QualityReport | None:

@@ -21,7 +21,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from gpuprompt._bf16 import pack_for_cpu_bf16
-from gpuprompt._loaded import LoadedModel
+from gpuprompt._int8 import SlicedSession
+from gpuprompt._loaded import LoadedModel, onnx_on_device_error
 from gpuprompt._tokens import Encoded, Tokens
 from gpuprompt.batching import MicroBatcher, check_priority
 from gpuprompt.device import default_dtype, resolve_device
@@ -195,17 +196,31 @@ class Embedder(LoadedModel):
                 max_queue=self.config.max_queue,
             )
             self._forward, self._quantization, self._quality = forward, quantization, quality
+            self._backend = "onnx" if isinstance(forward, SlicedSession) else "torch"
             self._model = model
-            logger.info("loaded embedder %s on %s (%s, dim %d)", self._model_id, device, quantization or dtype,
-                        self._dim)
+            logger.info("loaded embedder %s on %s (%s, %s, dim %d)", self._model_id, device, quantization or dtype,
+                        self._backend, self._dim)
         return self
 
     def _choose_forward(self, model: Any, path: str, device: str) -> tuple[Any, str | None, QualityReport | None]:
-        """The forward pass for ``config.quantize``: ``(forward, quantization, guard report)``."""
-        full = self._full_forward
+        """The forward pass for ``config.quantize`` and ``config.backend``: ``(forward, quantization,
+        guard report)``. int8 when asked and it loads and passes; else the fp32 ONNX export under
+        ``backend="onnx"``; else the model's own forward."""
+        if self.config.backend == "onnx" and device != "cpu":
+            raise onnx_on_device_error(device)
+        forward, quantization, report = self._int8_forward(model, path, device)
+        if forward is None and self.config.backend == "onnx":
+            from gpuprompt.embed._build import build_onnx
+            from gpuprompt.embed._int8 import OnnxForward
+
+            forward = OnnxForward(build_onnx(model, path, self._model_id), model, name="gpuprompt-onnx")
+        return forward or self._full_forward, quantization, report
+
+    def _int8_forward(self, model: Any, path: str, device: str) -> tuple[Any, str | None, QualityReport | None]:
+        """``(int8 forward, "int8", report)`` for ``config.quantize``, or ``(None, None, report)`` for full precision."""
         asked = self.config.quantize
         if asked is None:
-            return full, None, None
+            return None, None, None
         if device != "cpu":
             if asked == "int8":  # device "auto" resolved to an accelerator
                 raise ConfigurationError(
@@ -213,10 +228,10 @@ class Embedder(LoadedModel):
                     "for int8, or quantize='auto' to keep fp16 on the accelerator (already fast there)."
                 )
             logger.info("quantize='auto' on %s: keeping %s (int8 is a CPU path)", device, default_dtype(device))
-            return full, None, None
+            return None, None, None
         from gpuprompt.embed._build import build_int8
         from gpuprompt.embed._guard import quality_error
-        from gpuprompt.embed._int8 import Int8Forward
+        from gpuprompt.embed._int8 import OnnxForward
 
         try:
             onnx_path, report = build_int8(model, path, self._model_id)
@@ -224,16 +239,16 @@ class Embedder(LoadedModel):
             if asked == "int8":
                 raise
             logger.warning("quantize='auto': using full precision for %s, int8 is unavailable: %s", self._model_id, exc)
-            return full, None, None
+            return None, None, None
         error = quality_error(report, self.config.quantize_guard, self._model_id)
         if error is not None:
             if asked == "int8":
                 raise error
             logger.warning("quantize='auto': using full precision for %s, the int8 model failed the quality guard: %s",
                            self._model_id, "; ".join(error.failed) + f" ({report.summary()})")
-            return full, None, report
+            return None, None, report
         logger.info("int8 forward for %s passed the quality guard: %s", self._model_id, report.summary())
-        return Int8Forward(onnx_path, model), "int8", report
+        return OnnxForward(onnx_path, model), "int8", report
 
     def _full_forward(self, features: dict[str, Any]) -> Any:
         return self._model(features)["sentence_embedding"]

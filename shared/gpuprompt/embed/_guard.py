@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from gpuprompt._int8 import onnxruntime
-from gpuprompt.embed._int8 import GUARD_BATCH, RECIPE, Int8Forward
+from gpuprompt.embed._int8 import GUARD_BATCH, RECIPE, OnnxForward
 from gpuprompt.errors import ConfigurationError, QualityError
 from gpuprompt.validation import check_number
 
@@ -214,7 +214,7 @@ def measure(model: Any, path: Path, *, products: int = 2000, queries: int = GUAR
     texts, questions, relevant = guard_corpus(products, queries)
     paragraphs, asks = prose_set(products // 2, queries // 5)
     corpus = texts + questions + list(EDGE_TEXTS) + paragraphs + asks
-    int8 = Int8Forward(path, model)
+    int8 = OnnxForward(path, model)
     try:
         with torch.inference_mode():
             fp_vectors = _encode(lambda f: model(f)["sentence_embedding"], model, corpus)

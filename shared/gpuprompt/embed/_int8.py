@@ -1,5 +1,5 @@
 """The embedder's int8 backend on CPU: its transformer exported to ONNX once, rewritten to int8
-(:mod:`gpuprompt._int8`), and run in slices (:class:`Int8Forward`).
+(:mod:`gpuprompt._int8`), and run in slices (:class:`OnnxForward`).
 
 Only the forward pass changes: tokenisation, truncation, pooling and normalisation stay the
 SentenceTransformer's own code, so an int8 :class:`~gpuprompt.Embedder` batches, caches and counts
@@ -42,7 +42,7 @@ so the weights are stored as uint8 there (:func:`gpuprompt._int8.weight_format`)
 0.959, but 1.3x (32 callers) and 1.2x (bulk) fp32 on a 2-core AMD EPYC.
 
 With per-row scales a text's vector never depends on the batch it lands in: batched, concurrent
-and one-at-a-time vectors are bit-identical, as :class:`Int8Forward` relies on.
+and one-at-a-time vectors are bit-identical, as :class:`OnnxForward` relies on.
 
 On CUDA ``quantize`` stays off: ``"int8"`` is refused and ``"auto"`` keeps fp16. What int8 would buy
 there (reasoned, not measured: no GPU was available for this work): fp16 already runs the GEMMs on
@@ -65,7 +65,7 @@ import numpy as np
 from gpuprompt._int8 import SlicedSession, row_slices
 from gpuprompt.errors import ModelLoadError
 
-__all__ = ["GUARD_BATCH", "RECIPE", "Int8Forward", "calibration_batches", "calibration_texts", "export_onnx"]
+__all__ = ["GUARD_BATCH", "RECIPE", "OnnxForward", "calibration_batches", "calibration_texts", "export_onnx"]
 
 RECIPE = "int8-sq-pertoken-v2"
 """Names the export + rewrite + guard recipe; a new recipe builds a new cache folder."""
@@ -76,8 +76,9 @@ _INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 
 
 # ---------------------------------------------------------------------------------------- runtime
-class Int8Forward(SlicedSession):
-    """The int8 forward pass: the ONNX transformer, then the SentenceTransformer's own later modules.
+class OnnxForward(SlicedSession):
+    """The onnxruntime forward pass (the int8 graph, or the fp32 one of ``backend="onnx"``): the ONNX
+    transformer, then the SentenceTransformer's own later modules.
 
     A batch is split into ``threads`` slices of about equal token count, each run by a one-thread
     onnxruntime call on a core of its own. The int8 graph has ~300 small nodes, and splitting each
@@ -88,13 +89,14 @@ class Int8Forward(SlicedSession):
     its own longest text (less padding).
 
     Args:
-        path: the int8 ONNX file.
+        path: the ONNX file (token embeddings out, as :func:`export_onnx` writes it).
         model: the loaded ``SentenceTransformer`` (its first module is the one replaced).
         threads: slices run at once (default: torch's thread count).
+        name: the slice threads' name prefix.
     """
 
-    def __init__(self, path: Path, model: Any, *, threads: int | None = None) -> None:
-        super().__init__(path, threads=threads, name="gpuprompt-int8")
+    def __init__(self, path: Path, model: Any, *, threads: int | None = None, name: str = "gpuprompt-int8") -> None:
+        super().__init__(path, threads=threads, name=name)
         self._tail = list(model)[1:]
         tokenizer = getattr(model, "tokenizer", None)
         self._right_padded = getattr(tokenizer, "padding_side", "right") == "right"

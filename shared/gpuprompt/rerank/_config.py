@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from gpuprompt._loaded import check_backend
 from gpuprompt.batching import MAX_WAIT_MS_LIMIT
 from gpuprompt.errors import ConfigurationError, describe
 from gpuprompt.validation import check_choice, check_int, check_number, check_str
@@ -68,6 +69,11 @@ class RerankerConfig:
         quantize: None, ``"int8"`` (an int8 forward pass on CPU through onnxruntime, checked
             against fp32 by ``quantize_guard``) or ``"auto"`` (int8 where it runs and passes).
         quantize_guard: the guard's thresholds (a :class:`RankingThresholds` or a dict of its fields).
+        backend: ``"torch"`` (default) or ``"onnx"``: the same fp32 cross-encoder exported once to ONNX
+            (into the models cache, checked against torch when built) and run by onnxruntime as
+            one-thread slices, one per core (``pip install 'gpuprompt[quant]'``). CPU only; scores equal
+            torch's within 1e-5, so :attr:`~gpuprompt.Reranker.identity` is unchanged. With
+            ``quantize``, int8 serves when it loads and passes its guard, else this fp32 export.
     """
 
     model: str | None = None
@@ -84,6 +90,7 @@ class RerankerConfig:
     max_documents: int = 1000
     quantize: str | None = None
     quantize_guard: RankingThresholds = dataclasses.field(default_factory=RankingThresholds)
+    backend: str = "torch"
 
     def __post_init__(self) -> None:
         check_str(self.model, "model", allow_none=True, allow_empty=False, error=ConfigurationError)
@@ -105,6 +112,7 @@ class RerankerConfig:
                     f"'dtype' must be None or 'float32' with quantize={self.quantize!r} (got {self.dtype!r}): the "
                     "int8 forward replaces the compute dtype and is checked against fp32."
                 )
+        check_backend(self.backend, self.device, self.dtype)
         if self.quantize == "int8" and self.device not in ("auto", "cpu"):
             raise ConfigurationError(
                 f"quantize='int8' runs on CPU only (got device={self.device!r}); use quantize=None (fp16 on CUDA), "

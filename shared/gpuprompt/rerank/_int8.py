@@ -34,6 +34,7 @@ from gpuprompt._corpus import prose_paragraphs
 from gpuprompt._int8 import (
     COMPLETE_MARK,
     SlicedSession,
+    build_fp32,
     build_once,
     channel_maxima,
     fingerprint,
@@ -44,7 +45,7 @@ from gpuprompt._int8 import (
 )
 from gpuprompt.errors import ModelLoadError, QualityError
 
-__all__ = ["RECIPE", "Int8Scorer", "RankingReport", "build_int8", "guard_error", "guard_set", "measure"]
+__all__ = ["RECIPE", "OnnxScorer", "RankingReport", "build_int8", "build_onnx", "guard_error", "guard_set", "measure"]
 
 logger = logging.getLogger(__name__)
 
@@ -112,16 +113,18 @@ def guard_error(report: RankingReport, thresholds: Any, model_id: str) -> Qualit
 
 
 # ---------------------------------------------------------------------------------------- runtime
-class Int8Scorer(SlicedSession):
-    """The int8 forward pass: padded features in, logits out, a batch run as one-thread slices.
+class OnnxScorer(SlicedSession):
+    """The onnxruntime forward pass (the int8 graph, or the fp32 one of ``backend="onnx"``): padded
+    features in, logits out, a batch run as one-thread slices.
 
     Args:
-        path: the int8 ONNX file.
+        path: the ONNX file (logits out, as :func:`export_onnx` writes it).
         threads: slices run at once (default: torch's thread count).
+        name: the slice threads' name prefix.
     """
 
-    def __init__(self, path: Path, *, threads: int | None = None) -> None:
-        super().__init__(path, threads=threads, name="gpuprompt-rerank-int8")
+    def __init__(self, path: Path, *, threads: int | None = None, name: str = "gpuprompt-rerank-int8") -> None:
+        super().__init__(path, threads=threads, name=name)
 
     def __call__(self, features: dict[str, Any]) -> Any:
         """``features`` (right-padded tensors) -> a ``(batch, labels)`` float32 tensor of logits."""
@@ -209,20 +212,26 @@ def _scores(run: Any, tokenizer: Any, pairs: list[tuple[str, str]], max_length: 
     return out
 
 
-def measure(model: Any, tokenizer: Any, path: Path, activation: str, max_length: int) -> RankingReport:
-    """Rank the guard set with fp32 ``model`` and the int8 model at ``path``; compare the orders."""
+def _torch_logits(model: Any) -> Any:
+    """``features -> logits`` through ``model`` in fp32 on CPU (the reference of the guard and the check)."""
     import torch
 
-    ort = onnxruntime()
-    cases = guard_set()
-    pairs = [(query, document) for query, documents in cases for document in documents]
     reference = model.float().to("cpu").eval()
 
     def fp32(features: dict[str, np.ndarray]) -> np.ndarray:
         with torch.inference_mode():
             return reference(**{k: torch.from_numpy(v) for k, v in features.items()}).logits.numpy()
 
-    int8 = Int8Scorer(path)
+    return fp32
+
+
+def measure(model: Any, tokenizer: Any, path: Path, activation: str, max_length: int) -> RankingReport:
+    """Rank the guard set with fp32 ``model`` and the int8 model at ``path``; compare the orders."""
+    ort = onnxruntime()
+    cases = guard_set()
+    pairs = [(query, document) for query, documents in cases for document in documents]
+    fp32 = _torch_logits(model)
+    int8 = OnnxScorer(path)
     try:
         fp = _scores(fp32, tokenizer, pairs, max_length, activation)
         q8 = _scores(lambda f: int8(f).numpy(), tokenizer, pairs, max_length, activation)
@@ -282,6 +291,30 @@ def build_int8(model: Any, tokenizer: Any, model_path: str, model_id: str, activ
     if report is None:
         raise ModelLoadError(f"the int8 reranker of {model_id!r} was built but its report cannot be read ({target}).")
     return target / _MODEL_FILE, report
+
+
+def build_onnx(model: Any, tokenizer: Any, model_path: str, model_id: str, *, root: Path | None = None,
+               max_length: int = 512) -> Path:
+    """The fp32 ONNX export of the cross-encoder (``backend="onnx"``), built once and checked: the
+    logits of real (query, passage) pairs through it must equal torch's (see
+    :func:`gpuprompt._int8.build_fp32`).
+
+    Raises:
+        DependencyError: onnxruntime or onnx is missing.
+        ModelLoadError: the export failed or does not compute what torch computes.
+    """
+
+    def check(path: Path) -> tuple[np.ndarray, np.ndarray]:
+        pairs = [(query, document) for query, documents in guard_set(8, 4) for document in documents]
+        features = _features(tokenizer, pairs, max_length)
+        scorer = OnnxScorer(path, threads=1)
+        try:
+            return _torch_logits(model)(features), scorer(features).numpy()
+        finally:
+            scorer.close()
+
+    return build_fp32(model_path, model_id, "rerank", export=lambda path: export_onnx(model, tokenizer, path),
+                      check=check, root=root)
 
 
 def _read_report(folder: Path) -> RankingReport | None:

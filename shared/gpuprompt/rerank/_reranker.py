@@ -22,7 +22,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from gpuprompt._bf16 import pack_for_cpu_bf16
-from gpuprompt._loaded import LoadedModel
+from gpuprompt._int8 import SlicedSession
+from gpuprompt._loaded import LoadedModel, onnx_on_device_error
 from gpuprompt.batching import MicroBatcher, check_priority
 from gpuprompt.device import default_dtype, resolve_device
 from gpuprompt.errors import (
@@ -212,6 +213,7 @@ class Reranker(LoadedModel):
             self._max_length = _max_length(self.config.max_length, tokenizer, model.config)
             self._tokenizer, self._device = tokenizer, device
             self._forward, self._quantization, self._quality = self._choose_forward(model, tokenizer, path, device)
+            self._backend = "onnx" if isinstance(self._forward, SlicedSession) else "torch"
             self._batcher = MicroBatcher(
                 self._run_batch,
                 name=f"rerank:{self._model_id.rsplit('/', 1)[-1]}",
@@ -223,8 +225,8 @@ class Reranker(LoadedModel):
                 max_queue=self.config.max_queue,
             )
             self._model = model
-            logger.info("loaded reranker %s on %s (%s, max length %d, %s)", self._model_id, device,
-                        self._quantization or dtype, self._max_length, self._activation)
+            logger.info("loaded reranker %s on %s (%s, %s, max length %d, %s)", self._model_id, device,
+                        self._quantization or dtype, self._backend, self._max_length, self._activation)
         return self
 
     async def aload(self) -> Reranker:
@@ -234,19 +236,32 @@ class Reranker(LoadedModel):
         return self
 
     def _choose_forward(self, model: Any, tokenizer: Any, path: str, device: str) -> tuple[Any, str | None, Any]:
-        """The forward pass for ``config.quantize``: ``(forward, quantization, guard report)``."""
-        full = self._full_forward
+        """The forward pass for ``config.quantize`` and ``config.backend``: ``(forward, quantization,
+        guard report)``. int8 when asked and it loads and passes; else the fp32 ONNX export under
+        ``backend="onnx"``; else the model's own forward."""
+        if self.config.backend == "onnx" and device != "cpu":
+            raise onnx_on_device_error(device)
+        forward, quantization, report = self._int8_forward(model, tokenizer, path, device)
+        if forward is None and self.config.backend == "onnx":
+            from gpuprompt.rerank._int8 import OnnxScorer, build_onnx
+
+            onnx_path = build_onnx(model, tokenizer, path, self._model_id, max_length=self._max_length or 512)
+            forward = OnnxScorer(onnx_path, name="gpuprompt-rerank-onnx")
+        return forward or self._full_forward, quantization, report
+
+    def _int8_forward(self, model: Any, tokenizer: Any, path: str, device: str) -> tuple[Any, str | None, Any]:
+        """``(int8 forward, "int8", report)`` for ``config.quantize``, or ``(None, None, report)`` for full precision."""
         asked = self.config.quantize
         if asked is None:
-            return full, None, None
+            return None, None, None
         if device != "cpu":
             if asked == "int8":
                 raise ConfigurationError(
                     f"quantize='int8' runs on CPU only, and device 'auto' resolved to {device!r}; pass device='cpu' "
                     "for int8, or quantize='auto' to keep fp16 on the accelerator."
                 )
-            return full, None, None
-        from gpuprompt.rerank._int8 import Int8Scorer, build_int8, guard_error
+            return None, None, None
+        from gpuprompt.rerank._int8 import OnnxScorer, build_int8, guard_error
 
         try:
             onnx_path, report = build_int8(model, tokenizer, path, self._model_id, self._activation,
@@ -255,16 +270,16 @@ class Reranker(LoadedModel):
             if asked == "int8":
                 raise
             logger.warning("quantize='auto': using full precision for %s, int8 is unavailable: %s", self._model_id, exc)
-            return full, None, None
+            return None, None, None
         error = guard_error(report, self.config.quantize_guard, self._model_id)
         if error is not None:
             if asked == "int8":
                 raise error
             logger.warning("quantize='auto': using full precision for %s, the int8 model failed its guard: %s",
                            self._model_id, "; ".join(error.failed))
-            return full, None, report
+            return None, None, report
         logger.info("int8 reranker for %s passed its guard: %s", self._model_id, report.summary())
-        return Int8Scorer(onnx_path), "int8", report
+        return OnnxScorer(onnx_path), "int8", report
 
     def _full_forward(self, features: dict[str, Any]) -> Any:
         return self._model(**features).logits

@@ -1,5 +1,6 @@
 """The one way scenarios drive concurrent callers: threads or asyncio tasks, one call per input,
-returning throughput, latency percentiles and the results in input order."""
+returning throughput, latency percentiles and the results in input order; and the callers' questions
+(:func:`queries`)."""
 
 from __future__ import annotations
 
@@ -10,9 +11,21 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-__all__ = ["Load", "compare", "in_thread", "task_load", "thread_load"]
+__all__ = ["Load", "compare", "in_thread", "queries", "task_load", "thread_load"]
 
 T = TypeVar("T")
+
+_PRODUCTS = ["dress", "jeans", "sweater", "rain jacket", "sneakers", "scarf", "t-shirt", "chinos"]
+_COLOURS = ["red", "navy", "olive", "black", "white", "mustard", "grey", "teal"]
+
+
+def queries(n: int, salt: str = "") -> list[str]:
+    """``n`` distinct short customer questions (deterministic; ``salt`` makes another distinct set)."""
+    out = []
+    for i in range(n):
+        product, colour = _PRODUCTS[i % len(_PRODUCTS)], _COLOURS[(i // 8) % len(_COLOURS)]
+        out.append(f"{salt}Does the {colour} {product} #{i} shrink after a 40 degree wash?")
+    return out
 
 
 @dataclass(frozen=True)

@@ -4,25 +4,15 @@
 from __future__ import annotations
 
 import statistics
+import tempfile
 import time
 from collections.abc import Callable
+from pathlib import Path
 
-from gpuprompt.apps.bench._load import in_thread, thread_load
+from gpuprompt.apps.bench._load import in_thread, queries, thread_load
 from gpuprompt.apps.bench._registry import BenchContext, Chart, ScenarioResult, scenario
 
 __all__: list[str] = []
-
-_PRODUCTS = ["dress", "jeans", "sweater", "rain jacket", "sneakers", "scarf", "t-shirt", "chinos"]
-_COLOURS = ["red", "navy", "olive", "black", "white", "mustard", "grey", "teal"]
-
-
-def queries(n: int, salt: str = "") -> list[str]:
-    """``n`` distinct short customer questions (deterministic; ``salt`` makes another distinct set)."""
-    out = []
-    for i in range(n):
-        product, colour = _PRODUCTS[i % len(_PRODUCTS)], _COLOURS[(i // 8) % len(_COLOURS)]
-        out.append(f"{salt}Does the {colour} {product} #{i} shrink after a 40 degree wash?")
-    return out
 
 
 def _stock_embeddings():  # langchain-huggingface, the stock class we compare against
@@ -57,8 +47,8 @@ def _lone(call: Callable[[str], object], texts: list[str]) -> float:
 @scenario(
     "embed-concurrency",
     "32 threads embed 256 short queries one call each: stock HuggingFaceEmbeddings.embed_query vs "
-    "gpuprompt Embedder.embed([q]) (cross-request batching), plus the ceiling (SentenceTransformer "
-    "batches of 32) and the latency of a lone caller.",
+    "gpuprompt Embedder.embed([q]) (cross-request batching; on CPU also backend='onnx', in a process of its "
+    "own), plus the ceiling (SentenceTransformer batches of 32) and the latency of a lone caller.",
 )
 def embed_concurrency(ctx: BenchContext) -> ScenarioResult:
     from sentence_transformers import SentenceTransformer
@@ -93,7 +83,16 @@ def embed_concurrency(ctx: BenchContext) -> ScenarioResult:
         ours.clear_cache()
         lone_ours = _lone(lambda q: ours.embed([q]), lone_texts)
         lone_stock = in_thread(lambda: _lone(stock.embed_query, lone_texts))
-        return {
+        onnx: dict[str, float] = {}
+        if device == "cpu" and _has_onnxruntime():
+            # Its own process: onnxruntime's threads in this one slowed the torch sides (measured).
+            from gpuprompt.apps.bench.embed_quant import spawn_side
+
+            with tempfile.TemporaryDirectory(prefix="gpuprompt-embed-onnx-") as work:
+                side = spawn_side("onnx", next(run_id), ctx.quick, Path(work), bulk_encode=False)
+            onnx = {"onnx_qps": side["callers_qps"], "onnx_ratio": side["callers_qps"] / stock_fig["qps"],
+                    "onnx_p95_ms": side["callers_p95_ms"]}
+        return onnx | {
             "stock_qps": stock_fig["qps"],
             "ours_qps": ours_fig["qps"],
             "ceiling_qps": ceiling,
@@ -134,8 +133,10 @@ def embed_concurrency(ctx: BenchContext) -> ScenarioResult:
             kind="bar",
             title=f"{threads} concurrent callers, one query per call ({device})",
             ylabel="queries / second",
-            labels=["stock HuggingFaceEmbeddings", "gpuprompt Embedder", "ceiling (batches of 32)"],
-            values=[metrics["stock_qps"], metrics["ours_qps"], metrics["ceiling_qps"]],
+            labels=["stock HuggingFaceEmbeddings", "gpuprompt Embedder", "ceiling (batches of 32)"]
+            + (["gpuprompt Embedder, backend='onnx'"] if "onnx_qps" in metrics else []),
+            values=[metrics["stock_qps"], metrics["ours_qps"], metrics["ceiling_qps"]]
+            + ([metrics["onnx_qps"]] if "onnx_qps" in metrics else []),
         ),
         ratio=metrics["throughput_ratio"],
         ratio_label="embedding throughput, 32 concurrent callers",
@@ -155,9 +156,17 @@ def embed_concurrency(ctx: BenchContext) -> ScenarioResult:
         notes=(
             "Latency under load follows Little's law (callers / throughput): with 32 callers the p50 is "
             "compared with the stock p50 under the same load; the batching window's own cost is shown by "
-            "the lone-caller latency ratio."
+            "the lone-caller latency ratio. The ceiling is the torch forward's. On CPU, onnx_ratio is "
+            "Embedder(backend='onnx') (the same fp32 model through onnxruntime) over stock: 32 callers making 512 "
+            "one-query calls in a fresh process of its own (as embed-quant's onnx side)."
         ),
     )
+
+
+def _has_onnxruntime() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("onnxruntime") is not None and importlib.util.find_spec("onnx") is not None
 
 
 def conversation(turns: int, salt: str) -> list[tuple[str, str]]:

@@ -156,7 +156,7 @@ async def _drive(server: ServerProcess, run: int, calls: int, bulk: int, probe: 
     import httpx
 
     from gpuprompt._corpus import catalogue
-    from gpuprompt.apps.bench.embed import queries
+    from gpuprompt.apps.bench._load import queries
 
     texts = queries(calls, f"peer run {run}: ")  # distinct per run: no server has seen them
     documents = [item["text"] for item in catalogue(bulk, seed=500 + run)]
@@ -210,7 +210,7 @@ async def _drive(server: ServerProcess, run: int, calls: int, bulk: int, probe: 
 
 def _probe() -> list[str]:
     from gpuprompt._corpus import catalogue
-    from gpuprompt.apps.bench.embed import queries
+    from gpuprompt.apps.bench._load import queries
 
     return queries(16, "peer probe: ") + [item["text"] for item in catalogue(16, seed=4242)]
 

@@ -1,7 +1,8 @@
-"""``embed-quant``: the int8 and bf16 embedders against fp32 on CPU, each side in a process of its own.
+"""``embed-quant``: the int8, bf16 and onnxruntime-fp32 embedders against torch fp32 on CPU, each side
+in a process of its own.
 
-All sides are ``gpuprompt.Embedder`` (same tokenizer, batcher and cache); only ``quantize`` (int8)
-or ``dtype`` (bf16) differs. Each run starts one fresh process per side (their order rotates between
+All sides are ``gpuprompt.Embedder`` (same tokenizer, batcher and cache); only ``quantize`` (int8),
+``dtype`` (bf16) or ``backend`` (``"onnx"``: the same fp32 model through onnxruntime) differs. Each run starts one fresh process per side (their order rotates between
 runs, so a noisy neighbour hurts all alike) that measures 32 concurrent one-query callers and a bulk
 encode; the first run also embeds the quality guard's corpora, from which the parent computes cosine,
 recall@10 and top-10 agreement on real prose against fp32.
@@ -25,7 +26,7 @@ from gpuprompt.apps.bench._registry import BenchContext, Chart, ScenarioResult, 
 __all__: list[str] = []
 
 _CALLERS = 32
-_SIDES = ["fp32", "int8", "bf16"]
+_SIDES = ["fp32", "int8", "bf16", "onnx"]
 _SIDE_TIMEOUT_S = 1800  # a first int8 build (export + guard) takes under a minute on 2 cores
 
 
@@ -39,19 +40,19 @@ def _sizes(quick: bool) -> tuple[int, int]:
     return (512, 512) if quick else (512, 2048)
 
 
-def _side(side: str, run: int, quick: bool, vectors: Path | None) -> dict[str, float]:
+def _side(side: str, run: int, quick: bool, vectors: Path | None, bulk_encode: bool = True) -> dict[str, float]:
     """One side's measurements, in this process (the child entry point calls it)."""
     import numpy as np
 
     from gpuprompt._corpus import catalogue
     from gpuprompt.apps.bench._load import thread_load
-    from gpuprompt.apps.bench.embed import queries
+    from gpuprompt.apps.bench._load import queries
     from gpuprompt.embed import Embedder
     from gpuprompt.embed import _guard as _quant
 
     calls, bulk = _sizes(quick)
     emb = Embedder(device="cpu", quantize="int8" if side == "int8" else None,
-                   dtype="bfloat16" if side == "bf16" else None)
+                   dtype="bfloat16" if side == "bf16" else None, backend="onnx" if side == "onnx" else "torch")
     started = time.perf_counter()
     emb.load()
     load_s = time.perf_counter() - started
@@ -61,11 +62,13 @@ def _side(side: str, run: int, quick: bool, vectors: Path | None) -> dict[str, f
         emb.clear_cache()
         texts = queries(calls, f"run {run}: ")  # new texts every run: no cache hits
         load = thread_load(lambda q: emb.embed([q]), texts, _CALLERS)
-        documents = [item["text"] for item in catalogue(bulk, seed=100 + run)]
-        emb.clear_cache()
-        started = time.perf_counter()
-        emb.embed(documents)
-        bulk_s = time.perf_counter() - started
+        bulk_s = float("nan")
+        if bulk_encode:
+            documents = [item["text"] for item in catalogue(bulk, seed=100 + run)]
+            emb.clear_cache()
+            started = time.perf_counter()
+            emb.embed(documents)
+            bulk_s = time.perf_counter() - started
         if vectors is not None:
             products, questions, _ = _quant.guard_corpus()
             emb.clear_cache()
@@ -84,12 +87,17 @@ def _side(side: str, run: int, quick: bool, vectors: Path | None) -> dict[str, f
     }
 
 
-def _spawn(side: str, run: int, quick: bool, work: Path, vectors: bool) -> dict[str, float]:
+def spawn_side(side: str, run: int, quick: bool, work: Path, vectors: bool = False,
+               bulk_encode: bool = True) -> dict[str, float]:
+    """One side measured in a fresh process of its own (``vectors``: also save the guard corpora's
+    vectors in ``work``; ``bulk_encode`` False: only the concurrent callers)."""
     out = work / f"{side}-{run}.json"
     command = [sys.executable, "-m", "gpuprompt.apps.bench.embed_quant", "--side", side, "--run", str(run),
                "--out", str(out)]
     if quick:
         command.append("--quick")
+    if not bulk_encode:
+        command.append("--callers-only")
     if vectors:
         command += ["--vectors", str(work / f"{side}.npy")]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
@@ -128,8 +136,15 @@ def embed_quant(ctx: BenchContext) -> ScenarioResult:
             run = next(run_ids)
             sides = all_sides[run % len(all_sides):] + all_sides[:run % len(all_sides)]
             other = OtherLoad()
-            figures = {side: _spawn(side, run, ctx.quick, work, vectors=run == 0) for side in sides}
-            fp, q8, bf = figures["fp32"], figures["int8"], figures.get("bf16")
+            figures = {side: spawn_side(side, run, ctx.quick, work, vectors=run == 0) for side in sides}
+            fp, q8, bf, ox = figures["fp32"], figures["int8"], figures.get("bf16"), figures["onnx"]
+            onnx = {
+                "onnx_callers_qps": ox["callers_qps"],
+                "onnx_callers_ratio": ox["callers_qps"] / fp["callers_qps"],
+                "onnx_callers_p95_ms": ox["callers_p95_ms"],
+                "onnx_bulk_texts_per_s": ox["bulk_texts_per_s"],
+                "onnx_bulk_ratio": ox["bulk_texts_per_s"] / fp["bulk_texts_per_s"],
+            }
             bf16 = {} if bf is None else {
                 "bf16_callers_qps": bf["callers_qps"],
                 "bf16_callers_ratio": bf["callers_qps"] / fp["callers_qps"],
@@ -138,6 +153,7 @@ def embed_quant(ctx: BenchContext) -> ScenarioResult:
             }
             return {
                 **bf16,
+                **onnx,
                 "fp32_callers_qps": fp["callers_qps"],
                 "int8_callers_qps": q8["callers_qps"],
                 "callers_ratio": q8["callers_qps"] / fp["callers_qps"],
@@ -156,6 +172,7 @@ def embed_quant(ctx: BenchContext) -> ScenarioResult:
         metrics, runs = ctx.repeat(measure)
         fp_vectors, q8_vectors = np.load(work / "fp32.npy"), np.load(work / "int8.npy")
         bf_vectors = np.load(work / "bf16.npy") if native else None
+        onnx_difference = float(np.abs(np.load(work / "onnx.npy") - fp_vectors).max())
     products, questions, relevant = _quant.guard_corpus()
     paragraphs, asks = _quant.prose_set()
     n, m = len(products), len(products) + len(questions)
@@ -185,6 +202,7 @@ def embed_quant(ctx: BenchContext) -> ScenarioResult:
         "prose_agreement_at_10": agreement,
         "bf16_native": float(native),  # 0: this CPU emulates bf16, so the bf16 side was not run
         "int8_weights_u8": float(weight_format() == "u8"),  # 1: this CPU's u8 x s8 kernel saturates
+        "onnx_max_difference": onnx_difference,  # backend='onnx' vs torch, the largest element of any vector
         **bf16,
     })
     ratio = min(metrics["callers_ratio"], metrics["bulk_ratio"])
@@ -209,14 +227,15 @@ def embed_quant(ctx: BenchContext) -> ScenarioResult:
         ratio_label="int8 vs fp32 embedding throughput (the lower of callers / bulk)",
         chart=Chart(
             kind="bar",
-            title="gpuprompt Embedder on CPU: fp32, int8 and bf16 (texts / second)",
+            title="gpuprompt Embedder on CPU: fp32 (torch, onnx), int8 and bf16 (texts / second)",
             ylabel="texts / second",
             labels=["fp32, 32 callers", "int8, 32 callers"] + (["bf16, 32 callers"] if native else [])
-            + ["fp32, bulk", "int8, bulk"] + (["bf16, bulk"] if native else []),
+            + ["fp32 onnx, 32 callers", "fp32, bulk", "int8, bulk"] + (["bf16, bulk"] if native else [])
+            + ["fp32 onnx, bulk"],
             values=[metrics["fp32_callers_qps"], metrics["int8_callers_qps"]]
             + ([metrics["bf16_callers_qps"]] if native else [])
-            + [metrics["fp32_bulk_texts_per_s"], metrics["int8_bulk_texts_per_s"]]
-            + ([metrics["bf16_bulk_texts_per_s"]] if native else []),
+            + [metrics["onnx_callers_qps"], metrics["fp32_bulk_texts_per_s"], metrics["int8_bulk_texts_per_s"]]
+            + ([metrics["bf16_bulk_texts_per_s"]] if native else []) + [metrics["onnx_bulk_texts_per_s"]],
         ),
         notes=(
             busy + f"{_CALLERS} threads make {calls} one-query calls; the bulk encode is one call of {bulk} product "
@@ -229,7 +248,9 @@ def embed_quant(ctx: BenchContext) -> ScenarioResult:
             f"Python's language reference searched over {len(paragraphs)} others. The bf16 side is "
             "Embedder(dtype='bfloat16'): on a CPU with AMX or AVX512-BF16 its linear layers run prepacked bf16 "
             "(elsewhere bf16 is emulated and slow, and the side is not run); it is reported beside int8, not part "
-            "of the int8 goal. int8_weights_u8 = 1: this CPU's uint8 x int8 kernel saturates (x86 without VNNI), so "
+            "of the int8 goal. The onnx side is Embedder(backend='onnx'): the same fp32 model exported to ONNX and "
+            "run by onnxruntime (onnx_max_difference: its largest difference from torch's vectors). "
+            "int8_weights_u8 = 1: this CPU's uint8 x int8 kernel saturates (x86 without VNNI), so "
             "the int8 model stores uint8 weights (exact, somewhat slower)."
         ),
     )
@@ -242,8 +263,10 @@ def _side_main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--out", required=True)
     parser.add_argument("--vectors")
+    parser.add_argument("--callers-only", action="store_true")
     args = parser.parse_args(argv)
-    figures: dict[str, Any] = _side(args.side, args.run, args.quick, Path(args.vectors) if args.vectors else None)
+    figures: dict[str, Any] = _side(args.side, args.run, args.quick, Path(args.vectors) if args.vectors else None,
+                                    bulk_encode=not args.callers_only)
     Path(args.out).write_text(json.dumps(figures))
     return 0
 

@@ -58,7 +58,7 @@ def _env() -> dict[str, str]:
 
 
 def _questions(worker: int, n: int, run: int) -> list[str]:
-    from gpuprompt.apps.bench.embed import queries
+    from gpuprompt.apps.bench._load import queries
 
     return queries(n, f"run {run} worker {worker}: ")
 

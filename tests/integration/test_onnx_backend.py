@@ -1,0 +1,193 @@
+"""backend="onnx": the same fp32 embedder and cross-encoder exported once to ONNX and run by
+onnxruntime on CPU. The vectors and scores equal torch's, batching and the cache behave as with torch,
+the export is checked against torch when it is built (a mismatch refuses it, leaving nothing), and
+the refusals are typed."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("onnxruntime", reason="backend='onnx' needs the quant extra: pip install 'gpuprompt[quant]'")
+
+from gpuprompt import Embedder, Reranker, Runtime
+from gpuprompt import _int8 as onnx_build  # where the builds look up onnxruntime (patched below)
+from gpuprompt._corpus import prose_paragraphs
+from gpuprompt._int8 import COMPLETE_MARK, FP32_RECIPE, build_fp32
+from gpuprompt.errors import ConfigurationError, DependencyError, ModelLoadError
+
+TEXTS = [
+    "Is the red linen dress machine washable?",
+    "Cotton shrinks about 3% after the first hot wash.",
+    "",
+    "short",
+    "Größe M oder L? " * 3,
+    "word " * 400,  # truncated at the model's 256 tokens, as with torch
+]
+QUERY = "How is an assignment statement evaluated?"
+
+
+@pytest.fixture(scope="module")
+def onnx_embedder():
+    emb = Embedder(device="cpu", backend="onnx").load()
+    yield emb
+    emb.close()
+
+
+@pytest.fixture(scope="module")
+def onnx_reranker(cross_encoder_path: str):
+    rr = Reranker(cross_encoder_path, device="cpu", backend="onnx").load()
+    yield rr
+    rr.close()
+
+
+# ------------------------------------------------------------------------------- embedder
+def test_onnx_embedder_equals_torch(onnx_embedder: Embedder, embedder: Embedder) -> None:
+    assert onnx_embedder.backend == "onnx" and embedder.backend == "torch"
+    assert onnx_embedder.quantization is None and onnx_embedder.quality is None
+    assert onnx_embedder.identity == embedder.identity  # same vectors: an index built by either serves both
+    assert "backend='onnx'" in repr(onnx_embedder) and "backend" not in repr(embedder)
+    ours, reference = onnx_embedder.embed(TEXTS), embedder.embed(TEXTS)
+    assert ours.shape == reference.shape and ours.dtype == np.float32
+    np.testing.assert_allclose(ours, reference, atol=1e-5)
+    assert onnx_embedder.count_tokens(TEXTS) == embedder.count_tokens(TEXTS)
+
+
+def test_onnx_concurrent_callers_share_batches_and_equal_one_bulk_call(onnx_embedder: Embedder) -> None:
+    texts = [f"onnx parity question {i}: does item {i * 13} come in size {i % 7}?" for i in range(64)]
+    before = onnx_embedder.stats().batcher.batches
+    singles: dict[int, np.ndarray] = {}
+
+    def one(i: int) -> None:
+        singles[i] = onnx_embedder.embed([texts[i]])[0]
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(texts))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    batches = onnx_embedder.stats().batcher.batches - before
+    assert batches < len(texts)  # callers were coalesced
+    onnx_embedder.clear_cache()
+    bulk = onnx_embedder.embed(texts)
+    np.testing.assert_allclose(np.stack([singles[i] for i in range(len(texts))]), bulk, atol=1e-5)
+
+
+async def test_onnx_aembed_matches_embed(onnx_embedder: Embedder) -> None:
+    np.testing.assert_allclose(await onnx_embedder.aembed(TEXTS[:3]), onnx_embedder.embed(TEXTS[:3]), atol=1e-6)
+
+
+def test_torch_and_onnx_are_separate_shared_instances() -> None:
+    runtime = Runtime(device="cpu")
+    torch_side, onnx_side = runtime.embedder(), runtime.embedder(backend="onnx")
+    assert torch_side is not onnx_side and onnx_side is runtime.embedder(backend="onnx")
+    assert "not loaded" in repr(onnx_side) and "backend='onnx'" in repr(onnx_side)
+
+
+def test_close_releases_the_onnx_session() -> None:
+    emb = Embedder(device="cpu", backend="onnx").load()  # the export is cached: this only loads it
+    forward = emb._forward
+    emb.embed(["before close"])
+    emb.close()
+    assert forward._session is None
+
+
+# ------------------------------------------------------------------------------- reranker
+def test_onnx_reranker_equals_torch(onnx_reranker: Reranker, reranker: Reranker) -> None:
+    docs = prose_paragraphs()[:16] + ["", "x", "longword " * 600]
+    pairs = [(QUERY, d) for d in docs] + [("", "empty query"), ("x " * 700, "a long query")]
+    assert onnx_reranker.backend == "onnx" and reranker.backend == "torch"
+    assert onnx_reranker.identity == reranker.identity and onnx_reranker.quantization is None
+    np.testing.assert_allclose(onnx_reranker.score(pairs), reranker.score(pairs), atol=1e-5)
+    ours, reference = onnx_reranker.rerank(QUERY, docs), reranker.rerank(QUERY, docs)
+    assert [h.index for h in ours] == [h.index for h in reference]
+    assert onnx_reranker.stats().truncated >= 2
+
+
+def test_onnx_reranker_concurrent_callers_agree_with_alone(onnx_reranker: Reranker) -> None:
+    docs = prose_paragraphs()[20:32]
+    queries = [f"{QUERY} (caller {i})" for i in range(6)]
+    alone = {q: onnx_reranker.rerank(q, docs) for q in queries}
+    onnx_reranker.clear_cache()
+    together: dict[str, list] = {}
+
+    def one(q: str) -> None:
+        together[q] = onnx_reranker.rerank(q, docs)
+
+    threads = [threading.Thread(target=one, args=(q,)) for q in queries]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for q in queries:
+        assert [h.index for h in together[q]] == [h.index for h in alone[q]]
+        np.testing.assert_allclose([h.score for h in together[q]], [h.score for h in alone[q]], atol=1e-5)
+
+
+# ------------------------------------------------------------------------------- the build
+def test_an_export_that_differs_from_torch_is_refused_and_leaves_nothing(tmp_path: Path) -> None:
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    root = tmp_path / "models"
+
+    def export(path: Path) -> None:
+        path.write_bytes(b"not a graph")
+
+    with pytest.raises(ModelLoadError, match=r"relative difference 0\.5 > 0\.001.*use backend='torch'"):
+        build_fp32(str(model), "org/tiny", "embed", export=export,
+                   check=lambda path: (np.array([2.0, 1.0]), np.array([1.0, 1.0])), root=root)
+    with pytest.raises(ModelLoadError, match="relative difference inf"):  # a different shape is a mismatch too
+        build_fp32(str(model), "org/tiny", "embed", export=export,
+                   check=lambda path: (np.zeros(3), np.zeros(2)), root=root)
+    assert [p.suffix for p in root.iterdir()] == [".lock"]  # no folder, finished or half-written
+
+
+def test_a_checked_export_is_built_once_and_reused(tmp_path: Path) -> None:
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    exports: list[Path] = []
+
+    def export(path: Path) -> None:
+        exports.append(path)
+        path.write_bytes(b"graph")
+
+    def check(path: Path) -> tuple[np.ndarray, np.ndarray]:
+        return np.array([3.0, -4.0]), np.array([3.0, -4.0 + 1e-6])
+
+    first = build_fp32(str(model), "org/tiny", "rerank", export=export, check=check, root=tmp_path / "models")
+    again = build_fp32(str(model), "org/tiny", "rerank", export=export, check=check, root=tmp_path / "models")
+    assert first == again and len(exports) == 1
+    assert first.parent.name.startswith(f"tiny-rerank-{FP32_RECIPE}-") and (first.parent / COMPLETE_MARK).is_file()
+    assert (first.parent / "check.json").is_file()
+
+
+def test_missing_onnxruntime_is_a_dependency_error(monkeypatch: pytest.MonkeyPatch, cross_encoder_path: str) -> None:
+    def missing() -> None:
+        raise DependencyError("backend='onnx' needs onnxruntime and onnx: pip install 'gpuprompt[quant]'")
+
+    monkeypatch.setattr(onnx_build, "onnxruntime", missing)
+    with pytest.raises(DependencyError, match=r"pip install 'gpuprompt\[quant\]'"):
+        Reranker(cross_encoder_path, device="cpu", backend="onnx").load()
+
+
+# ------------------------------------------------------------------------------- refusals
+@pytest.mark.parametrize("cls", [Embedder, Reranker], ids=["Embedder", "Reranker"])
+def test_bad_backend_options_are_typed(cls: type) -> None:
+    with pytest.raises(ConfigurationError, match="'backend' must be one of 'torch', 'onnx' \\(got 'tensorrt'"):
+        cls(backend="tensorrt")
+    with pytest.raises(ConfigurationError, match=r"backend='onnx' runs on CPU only \(got device='cuda'\)"):
+        cls(backend="onnx", device="cuda")
+    with pytest.raises(ConfigurationError, match="'dtype' must be None or 'float32' with backend='onnx'"):
+        cls(backend="onnx", dtype="bfloat16")
+    assert "not loaded" in repr(cls(backend="onnx", device="cpu"))  # valid: constructing loads nothing
+
+
+@pytest.mark.gpu
+def test_on_cuda_auto_with_onnx_is_refused() -> None:
+    with pytest.raises(ConfigurationError, match="resolved to 'cuda"):
+        Embedder(device="auto", backend="onnx").load()
