@@ -34,7 +34,7 @@ _CORE = EmbedderConfig()
 
 __all__ = ["GPUPromptEmbeddings"]
 
-_MODEL_KWARGS = ("device", "prompts", "default_prompt_name", "trust_remote_code")
+_MODEL_KWARGS = ("device", "backend", "prompts", "default_prompt_name", "trust_remote_code")
 """The ``SentenceTransformer(...)`` arguments (``model_kwargs``) with a meaning here."""
 _ENCODE_KWARGS = ("normalize_embeddings", "batch_size", "prompt", "prompt_name", "show_progress_bar", "precision",
                   "convert_to_numpy")
@@ -101,7 +101,7 @@ class GPUPromptEmbeddings(BaseModel, Embeddings):
             # or set GPUPROMPT_URL (and GPUPROMPT_API_KEY) and keep GPUPromptEmbeddings()
 
         Instructions and prompts still apply (here, as text). Settings of a local model
-        (``device``, ``dtype``, ``quantize``, ``batch_size``, ``max_batch_tokens``, ``max_wait_ms``,
+        (``device``, ``dtype``, ``quantize``, ``backend``, ``batch_size``, ``max_batch_tokens``, ``max_wait_ms``,
         ``max_queue``, ``cache_size``, ``show_progress``, ``normalize=False``) are refused with
         ``base_url``: the server's own flags set them.
     """
@@ -118,6 +118,10 @@ class GPUPromptEmbeddings(BaseModel, Embeddings):
     quantize: Literal["int8", "auto"] | None = None
     """None: full precision; 'int8': int8 forward pass on CPU (onnxruntime, the 'quant' extra),
     checked against fp32 by the core's quality guard; 'auto': int8 where it runs and passes it."""
+    backend: Literal["torch", "onnx"] = "torch"
+    """'torch': the model's own forward pass; 'onnx': the same fp32 model exported once to ONNX and
+    run by onnxruntime on CPU (the 'quant' extra; vectors equal torch's within 1e-6, about 1.15x
+    torch's speed on 2 cores)."""
     batch_size: int = _CORE.batch_size
     """Most texts per forward pass."""
     max_batch_tokens: int = _CORE.max_batch_tokens
@@ -171,7 +175,7 @@ class GPUPromptEmbeddings(BaseModel, Embeddings):
         # Check the options now (pure Python, loads nothing) so a bad value fails at construction
         # with the core's typed ConfigurationError (pydantic would wrap it inside a validator).
         self._translate_hf_arguments()
-        local = ("device", "dtype", "quantize", "batch_size", "max_batch_tokens", "max_wait_ms", "max_queue",
+        local = ("device", "dtype", "quantize", "backend", "batch_size", "max_batch_tokens", "max_wait_ms", "max_queue",
                  "cache_size", "show_progress", "normalize")
         self._runtime = connect(
             self.base_url,
@@ -208,6 +212,9 @@ class GPUPromptEmbeddings(BaseModel, Embeddings):
         if "device" in model_kwargs:
             self.device = _merge("device", self.device, model_kwargs["device"], "model_kwargs['device']",
                                  explicit="device" in self.model_fields_set)
+        if "backend" in model_kwargs:  # SentenceTransformer(backend="onnx"): our onnxruntime forward pass
+            self.backend = _merge("backend", self.backend, model_kwargs["backend"], "model_kwargs['backend']",
+                                  explicit="backend" in self.model_fields_set)
         for kwargs, name in ((encode, "encode_kwargs"), (query, query_name)):
             for key in ("precision", "convert_to_numpy"):
                 if key in kwargs and kwargs[key] != {"precision": "float32", "convert_to_numpy": True}[key]:
@@ -251,6 +258,7 @@ class GPUPromptEmbeddings(BaseModel, Embeddings):
             cache_size=self.cache_size,
             show_progress=self.show_progress,
             quantize=self.quantize,
+            backend=self.backend,
         )
 
     @property
@@ -352,6 +360,7 @@ class GPUPromptEmbeddings(BaseModel, Embeddings):
         if self._runtime is not None and self._runtime.remote:
             return f"GPUPromptEmbeddings(model={self.model!r}, base_url={self._runtime.config.shown_url!r})"
         quantize = f", quantize={self.quantize!r}" if self.quantize else ""
+        quantize += f", backend={self.backend!r}" if self.backend != "torch" else ""
         return f"GPUPromptEmbeddings(model={self.model!r}, device={self.device!r}{quantize})"
 
 

@@ -66,6 +66,9 @@ class GPUPromptRerank(BaseNodePostprocessor):
         "fp32's top-3 kept).")
     quantize: Literal["int8", "auto"] | None = Field(default=None, description="int8 forward pass on CPU "
                                                      "(guarded on ranking agreement), or 'auto'.")
+    backend: Literal["torch", "onnx"] = Field(default="torch", description="'onnx': the same fp32 cross-encoder "
+                                              "exported once to ONNX and run by onnxruntime on CPU (the 'quant' "
+                                              "extra; scores equal torch's within 1e-5).")
     base_url: str | None = Field(default=None, description="A running gpuprompt serve --rerank-model (remote mode); "
                                  "None: GPUPROMPT_URL or in process.")
     api_key: str | None = Field(default=None, exclude=True, repr=False, description="The server's API key.")
@@ -87,7 +90,8 @@ class GPUPromptRerank(BaseNodePostprocessor):
 
             raise ConfigurationError(str(exc)) from None
         local = {"device": (self.device, "auto"), "max_length": (self.max_length, _LLAMA_MAX_LENGTH),
-                 "dtype": (self.dtype, None), "quantize": (self.quantize, None)}
+                 "dtype": (self.dtype, None), "quantize": (self.quantize, None),
+                 "backend": (self.backend, "torch")}
         self._runtime = connect(self.base_url, api_key=self.api_key, timeout=self.timeout, owner="GPUPromptRerank",
                                 local_options=local)
         if self._runtime.remote:
@@ -100,7 +104,8 @@ class GPUPromptRerank(BaseNodePostprocessor):
         return "GPUPromptRerank"
 
     def _options(self) -> dict[str, Any]:
-        return {"device": self.device, "max_length": self.max_length, "dtype": self.dtype, "quantize": self.quantize}
+        return {"device": self.device, "max_length": self.max_length, "dtype": self.dtype, "quantize": self.quantize,
+                "backend": self.backend}
 
     @property
     def reranker(self) -> RerankerLike:

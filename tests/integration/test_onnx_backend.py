@@ -127,6 +127,54 @@ def test_onnx_reranker_concurrent_callers_agree_with_alone(onnx_reranker: Rerank
         np.testing.assert_allclose([h.score for h in together[q]], [h.score for h in alone[q]], atol=1e-5)
 
 
+# ------------------------------------------------------------------------------- the adapters
+def test_langchain_embeddings_take_sentence_transformers_backend_argument(onnx_embedder: Embedder,
+                                                                          sentence_transformer) -> None:
+    from langchain_gpuprompt import GPUPromptEmbeddings
+
+    # What a HuggingFaceEmbeddings user writes for sentence-transformers' onnx backend, unchanged.
+    ours = GPUPromptEmbeddings(model_kwargs={"device": "cpu", "backend": "onnx"},
+                               encode_kwargs={"normalize_embeddings": True})
+    assert ours.backend == "onnx" and ours._config().backend == "onnx"
+    assert ours.embedder.backend == "onnx" and "backend='onnx'" in repr(ours)
+    np.testing.assert_allclose(ours.embed_documents(TEXTS[:4]),
+                               sentence_transformer.encode(TEXTS[:4], normalize_embeddings=True), atol=1e-5)
+    from llamaindex_gpuprompt import GPUPromptEmbedding
+
+    li = GPUPromptEmbedding(device="cpu", embedder_options={"backend": "onnx"})
+    assert li.embedder.backend == "onnx"
+    np.testing.assert_allclose(li.get_text_embedding_batch(TEXTS[:2]), onnx_embedder.embed(TEXTS[:2]), atol=1e-5)
+    with pytest.raises(ConfigurationError, match="'backend' must be one of 'torch', 'onnx'"):
+        GPUPromptEmbeddings(model_kwargs={"backend": "openvino"})
+    with pytest.raises(ConfigurationError, match="disagree"):
+        GPUPromptEmbeddings(backend="torch", model_kwargs={"backend": "onnx"})
+
+
+def test_langchain_and_llamaindex_rerankers_run_onnx(onnx_reranker: Reranker, reranker: Reranker,
+                                                     cross_encoder_path: str) -> None:
+    from langchain_core.documents import Document
+    from llama_index.core.schema import NodeWithScore, QueryBundle, TextNode
+
+    from langchain_gpuprompt import GPUPromptReranker
+    from llamaindex_gpuprompt import GPUPromptRerank
+
+    docs = prose_paragraphs()[40:52]
+    expected = [h.index for h in reranker.rerank(QUERY, docs, top_n=3)]
+    lc = GPUPromptReranker(model=cross_encoder_path, device="cpu", backend="onnx", top_n=3)
+    assert lc.reranker.backend == "onnx"
+    got = lc.compress_documents([Document(page_content=d, metadata={"i": i}) for i, d in enumerate(docs)], QUERY)
+    assert [d.metadata["i"] for d in got] == expected
+    li = GPUPromptRerank(model=cross_encoder_path, device="cpu", backend="onnx", top_n=3, max_length=512)
+    assert li.reranker.backend == "onnx"
+    nodes = li.postprocess_nodes([NodeWithScore(node=TextNode(text=d, id_=f"n{i}"), score=0.0)
+                                  for i, d in enumerate(docs)], query_bundle=QueryBundle(QUERY))
+    assert [n.node.id_ for n in nodes] == [f"n{i}" for i in expected]
+    with pytest.raises(ConfigurationError, match="'backend'"):
+        GPUPromptReranker(model=cross_encoder_path, backend="tensorrt")
+    with pytest.raises(ConfigurationError, match="'backend'"):
+        GPUPromptRerank(model=cross_encoder_path, backend="tensorrt")
+
+
 # ------------------------------------------------------------------------------- the build
 def test_an_export_that_differs_from_torch_is_refused_and_leaves_nothing(tmp_path: Path) -> None:
     model = tmp_path / "model"

@@ -134,6 +134,26 @@ def test_dtype_flags_reach_the_embedder_and_the_reranker(server_llm, cross_encod
         create_app(embed_quantize="int8", embed_dtype="bfloat16", llm=server_llm, preload=False)
 
 
+def test_backend_flags_reach_the_embedder_and_the_reranker(server_llm, cross_encoder_path: str) -> None:
+    from gpuprompt.server import create_app
+
+    settings = load_settings(**_given(["--embed-backend", "onnx", "--rerank-backend", "onnx",
+                                       "--rerank-model", cross_encoder_path]))
+    options = settings.serve_options()
+    assert (options["embed_backend"], options["rerank_backend"]) == ("onnx", "onnx")
+    app = create_app(embed_backend="onnx", rerank_backend="onnx", rerank_model=cross_encoder_path,
+                     llm=server_llm, preload=False)
+    state = app.state.gpuprompt
+    assert state.embedder.config.backend == "onnx" and state.reranker.config.backend == "onnx"
+    assert create_app(llm=server_llm, preload=False).state.gpuprompt.embedder.config.backend == "torch"
+    with pytest.raises(SystemExit):
+        _serve_parser().parse_args(["--embed-backend", "tensorrt"])
+    with pytest.raises(ConfigurationError, match="'rerank_backend' must be 'torch' or 'onnx'"):
+        create_app(rerank_backend="openvino", llm=server_llm, preload=False)
+    with pytest.raises(ConfigurationError, match="--embed-backend, --embed-dtype"):
+        create_app(embed_backend="onnx", embed_dtype="bfloat16", llm=server_llm, preload=False)
+
+
 @pytest.mark.parametrize(
     ("argv", "said"),
     [

@@ -47,6 +47,8 @@ class ServerConfig:
         embed_dtype: the embedder's compute dtype (``"float16"``, ``"bfloat16"``, ``"float32"``;
             None: fp16 on CUDA, fp32 elsewhere). ``"bfloat16"`` on a CPU with AMX or AVX512-BF16
             runs prepacked bf16 layers (see :class:`~gpuprompt.embed.EmbedderConfig` ``dtype``).
+        embed_backend: ``"torch"`` or ``"onnx"`` (the fp32 model exported to ONNX and run by
+            onnxruntime on CPU; see :class:`~gpuprompt.embed.EmbedderConfig` ``backend``).
         default_max_tokens: tokens generated when a request names no ``max_tokens`` (the engine
             also caps it by the room left in the context window).
         rag_k: documents retrieved per question by the collection chat endpoint.
@@ -56,6 +58,7 @@ class ServerConfig:
         rerank_quantize: None, ``"int8"`` or ``"auto"`` for the reranker (see
             :class:`~gpuprompt.rerank.RerankerConfig` ``quantize``).
         rerank_dtype: the reranker's compute dtype (as ``embed_dtype``).
+        rerank_backend: ``"torch"`` or ``"onnx"`` for the reranker (as ``embed_backend``).
         rag_fetch_k: candidates a collection chat retrieves before reranking down to ``rag_k``
             (with a ``rerank_model``; None: ``4 * rag_k``, at least 20).
         strict_model_names: refuse (404) a ``model`` field that does not name the endpoint's own
@@ -105,11 +108,13 @@ class ServerConfig:
     device: str = "auto"
     embed_quantize: Literal["int8", "auto"] | None = None
     embed_dtype: Literal["float16", "bfloat16", "float32"] | None = None
+    embed_backend: Literal["torch", "onnx"] = "torch"
     default_max_tokens: int = 512
     rag_k: int = 4
     rerank_model: str | None = None
     rerank_quantize: Literal["int8", "auto"] | None = None
     rerank_dtype: Literal["float16", "bfloat16", "float32"] | None = None
+    rerank_backend: Literal["torch", "onnx"] = "torch"
     rag_fetch_k: int | None = None
     strict_model_names: bool = True
     preload: bool = True
@@ -151,6 +156,14 @@ class ServerConfig:
                 raise ConfigurationError(
                     f"'{part}_quantize' ({quantize!r}) and '{part}_dtype' ({dtype!r}) exclude each other "
                     f"(--{part}-quantize, --{part}-dtype): the int8 forward replaces the compute dtype. Set one."
+                )
+            backend = getattr(self, f"{part}_backend")
+            if backend not in ("torch", "onnx"):
+                raise ConfigurationError(f"'{part}_backend' must be 'torch' or 'onnx' (got {describe(backend)}).")
+            if backend == "onnx" and dtype not in (None, "float32"):
+                raise ConfigurationError(
+                    f"'{part}_backend' ('onnx') and '{part}_dtype' ({dtype!r}) exclude each other (--{part}-backend, "
+                    f"--{part}-dtype): the ONNX export runs in fp32. Set one."
                 )
         if self.rerank_quantize not in (None, "int8", "auto"):
             raise ConfigurationError(f"'rerank_quantize' must be None, 'int8' or 'auto' (got {describe(self.rerank_quantize)}).")
@@ -223,18 +236,20 @@ class ServerConfig:
 
     def rerank_options(self) -> dict[str, Any]:
         """The :class:`~gpuprompt.rerank.RerankerConfig` options of the served reranker."""
-        return self._model_options(self.rerank_quantize, self.rerank_dtype)
+        return self._model_options(self.rerank_quantize, self.rerank_dtype, self.rerank_backend)
 
     def embed_options(self) -> dict[str, Any]:
         """The :class:`~gpuprompt.embed.EmbedderConfig` options of the served embedder."""
-        return self._model_options(self.embed_quantize, self.embed_dtype)
+        return self._model_options(self.embed_quantize, self.embed_dtype, self.embed_backend)
 
-    def _model_options(self, quantize: str | None, dtype: str | None) -> dict[str, Any]:
+    def _model_options(self, quantize: str | None, dtype: str | None, backend: str) -> dict[str, Any]:
         options: dict[str, Any] = {"device": self.device}
         if quantize is not None:
             options["quantize"] = quantize
         if dtype is not None:
             options["dtype"] = dtype
+        if backend != "torch":
+            options["backend"] = backend
         return options
 
     def llm_options(self) -> dict[str, Any]:

@@ -26,6 +26,7 @@ def serve(
     device: str = "auto",
     embed_quantize: Literal["int8", "auto"] | None = None,
     embed_dtype: Literal["float16", "bfloat16", "float32"] | None = None,
+    embed_backend: Literal["torch", "onnx"] = "torch",
     max_body_bytes: int = ServerConfig.max_body_bytes,
     max_in_flight: int = ServerConfig.max_in_flight,
     retry_after_s: int = ServerConfig.retry_after_s,
@@ -34,6 +35,7 @@ def serve(
     rerank_model: str | None = None,
     rerank_quantize: Literal["int8", "auto"] | None = None,
     rerank_dtype: Literal["float16", "bfloat16", "float32"] | None = None,
+    rerank_backend: Literal["torch", "onnx"] = "torch",
     rag_fetch_k: int | None = None,
     strict_model_names: bool = True,
     max_collections: int = ServerConfig.max_collections,
@@ -68,7 +70,9 @@ def serve(
         device: ``"auto"``, ``"cpu"``, ``"cuda"``, ``"cuda:N"`` or ``"mps"``.
         embed_quantize: None, ``"int8"`` or ``"auto"``: the embedder's ``quantize``.
         embed_dtype: the embedder's compute ``dtype`` (None: fp16 on CUDA, fp32 elsewhere).
+        embed_backend: ``"torch"`` or ``"onnx"``: the embedder's ``backend``.
         rerank_dtype: the reranker's compute ``dtype``.
+        rerank_backend: ``"torch"`` or ``"onnx"``: the reranker's ``backend``.
         max_body_bytes: the largest request body (413 beyond).
         max_in_flight: most concurrent model requests (429 with ``Retry-After`` beyond).
         retry_after_s: the ``Retry-After`` seconds sent with 429.
@@ -113,6 +117,7 @@ def serve(
         device=device,
         embed_quantize=embed_quantize,
         embed_dtype=embed_dtype,
+        embed_backend=embed_backend,
         max_body_bytes=max_body_bytes,
         max_in_flight=max_in_flight,
         retry_after_s=retry_after_s,
@@ -121,6 +126,7 @@ def serve(
         rerank_model=rerank_model,
         rerank_quantize=rerank_quantize,
         rerank_dtype=rerank_dtype,
+        rerank_backend=rerank_backend,
         rag_fetch_k=rag_fetch_k,
         strict_model_names=strict_model_names,
         max_collections=max_collections,
