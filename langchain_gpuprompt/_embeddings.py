@@ -120,7 +120,7 @@ class GPUPromptEmbeddings(BaseModel, Embeddings):
     checked against fp32 by the core's quality guard; 'auto': int8 where it runs and passes it."""
     backend: Literal["torch", "onnx"] = "torch"
     """'torch': the model's own forward pass; 'onnx': the same fp32 model exported once to ONNX and
-    run by onnxruntime on CPU (the 'quant' extra; vectors equal torch's within 1e-6, about 1.15x
+    run by onnxruntime on CPU (the 'quant' extra; vectors equal torch's to about 1e-7, about 1.15x
     torch's speed on 2 cores)."""
     batch_size: int = _CORE.batch_size
     """Most texts per forward pass."""

@@ -90,7 +90,7 @@ class GPUPromptReranker(BaseDocumentCompressor):
     agreement with fp32; 'auto': int8 where it runs and passes."""
     backend: Literal["torch", "onnx"] = "torch"
     """'torch': the model's own forward pass; 'onnx': the same fp32 cross-encoder exported once to
-    ONNX and run by onnxruntime on CPU (the 'quant' extra; scores equal torch's within 1e-5)."""
+    ONNX and run by onnxruntime on CPU (the 'quant' extra; scores equal torch's to about 1e-6)."""
     batch_size: int = _CORE.batch_size
     """Most pairs per batch (pairs of concurrent calls share batches)."""
     base_url: str | None = None

@@ -68,7 +68,7 @@ class GPUPromptRerank(BaseNodePostprocessor):
                                                      "(guarded on ranking agreement), or 'auto'.")
     backend: Literal["torch", "onnx"] = Field(default="torch", description="'onnx': the same fp32 cross-encoder "
                                               "exported once to ONNX and run by onnxruntime on CPU (the 'quant' "
-                                              "extra; scores equal torch's within 1e-5).")
+                                              "extra; scores equal torch's to about 1e-6).")
     base_url: str | None = Field(default=None, description="A running gpuprompt serve --rerank-model (remote mode); "
                                  "None: GPUPROMPT_URL or in process.")
     api_key: str | None = Field(default=None, exclude=True, repr=False, description="The server's API key.")

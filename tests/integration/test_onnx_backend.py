@@ -5,6 +5,8 @@ the refusals are typed."""
 
 from __future__ import annotations
 
+import logging
+import shutil
 import threading
 from pathlib import Path
 
@@ -16,7 +18,7 @@ pytest.importorskip("onnxruntime", reason="backend='onnx' needs the quant extra:
 from gpuprompt import Embedder, Reranker, Runtime
 from gpuprompt import _int8 as onnx_build  # where the builds look up onnxruntime (patched below)
 from gpuprompt._corpus import prose_paragraphs
-from gpuprompt._int8 import COMPLETE_MARK, FP32_RECIPE, build_fp32
+from gpuprompt._int8 import COMPLETE_MARK, FP32_RECIPE, build_fp32, fingerprint
 from gpuprompt.errors import ConfigurationError, DependencyError, ModelLoadError
 
 TEXTS = [
@@ -175,6 +177,26 @@ def test_langchain_and_llamaindex_rerankers_run_onnx(onnx_reranker: Reranker, re
         GPUPromptRerank(model=cross_encoder_path, backend="tensorrt")
 
 
+async def test_the_server_serves_the_onnx_models_and_says_so(onnx_embedder: Embedder, onnx_reranker: Reranker,
+                                                               embedder: Embedder, reranker: Reranker) -> None:
+    from support.asgi import InProcessServer
+
+    from gpuprompt.server import create_app
+
+    served = InProcessServer(create_app(chat_model="none", embedder=onnx_embedder, reranker=onnx_reranker)).start()
+    try:
+        async with served.client() as client:
+            health = (await client.get("/health")).json()
+            vectors = (await client.post("/v1/embeddings", json={"input": TEXTS[:3]})).json()
+            ranked = (await client.post("/v1/rerank", json={"query": QUERY, "documents": TEXTS[:4]})).json()
+    finally:
+        served.stop()
+    assert (health["embed_backend"], health["rerank_backend"]) == ("onnx", "onnx")
+    assert health["embedder_identity"] == embedder.identity
+    np.testing.assert_allclose([item["embedding"] for item in vectors["data"]], embedder.embed(TEXTS[:3]), atol=1e-5)
+    assert [r["index"] for r in ranked["results"]] == [h.index for h in reranker.rerank(QUERY, TEXTS[:4])]
+
+
 # ------------------------------------------------------------------------------- the build
 def test_an_export_that_differs_from_torch_is_refused_and_leaves_nothing(tmp_path: Path) -> None:
     model = tmp_path / "model"
@@ -185,7 +207,7 @@ def test_an_export_that_differs_from_torch_is_refused_and_leaves_nothing(tmp_pat
     def export(path: Path) -> None:
         path.write_bytes(b"not a graph")
 
-    with pytest.raises(ModelLoadError, match=r"relative difference 0\.5 > 0\.001.*use backend='torch'"):
+    with pytest.raises(ModelLoadError, match=r"relative difference 0\.5 > 0\.0001.*use backend='torch'"):
         build_fp32(str(model), "org/tiny", "embed", export=export,
                    check=lambda path: (np.array([2.0, 1.0]), np.array([1.0, 1.0])), root=root)
     with pytest.raises(ModelLoadError, match="relative difference inf"):  # a different shape is a mismatch too
@@ -212,6 +234,44 @@ def test_a_checked_export_is_built_once_and_reused(tmp_path: Path) -> None:
     assert first == again and len(exports) == 1
     assert first.parent.name.startswith(f"tiny-rerank-{FP32_RECIPE}-") and (first.parent / COMPLETE_MARK).is_file()
     assert (first.parent / "check.json").is_file()
+
+
+def test_a_cached_export_that_was_changed_is_built_again(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    exports: list[Path] = []
+
+    def export(path: Path) -> None:
+        exports.append(path)
+        path.write_bytes(b"graph")
+
+    def check(path: Path) -> tuple[np.ndarray, np.ndarray]:
+        return np.ones(2), np.ones(2)
+
+    first = build_fp32(str(model), "org/tiny", "embed", export=export, check=check, root=tmp_path / "models")
+    first.write_bytes(b"graph, edited after the check")  # altered (or truncated) on disk
+    with caplog.at_level(logging.WARNING, logger="gpuprompt._int8"):
+        again = build_fp32(str(model), "org/tiny", "embed", export=export, check=check, root=tmp_path / "models")
+    assert again == first and again.read_bytes() == b"graph" and len(exports) == 2
+    assert any("not the one checked against torch" in r.message for r in caplog.records)
+
+
+def test_a_model_saved_again_in_place_gets_a_new_build(tmp_path: Path) -> None:
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    weights = bytearray(3 << 20)  # a fine-tune of the same shapes: same names, same sizes
+    (model / "model.safetensors").write_bytes(weights)
+    before = fingerprint(str(model), FP32_RECIPE)
+    weights[-1] = 1  # only the last layer (the head) changed, past the first MiB
+    (model / "model.safetensors").write_bytes(weights)
+    after = fingerprint(str(model), FP32_RECIPE)
+    assert before != after
+    copy = tmp_path / "copy"
+    shutil.copytree(model, copy)
+    assert fingerprint(str(copy), FP32_RECIPE) == after  # the same files elsewhere share the build
+    assert fingerprint(str(model), FP32_RECIPE + "rerank") != after
 
 
 def test_missing_onnxruntime_is_a_dependency_error(monkeypatch: pytest.MonkeyPatch, cross_encoder_path: str) -> None:

@@ -64,6 +64,7 @@ async def test_health_and_models_say_what_is_loaded(server, embedder, reranker) 
     assert health["chat_model"] is None and health["llm_backend"] is None
     assert health["embedding_model"] == embedder.model_id and health["rerank_model"] == reranker.model_id
     assert health["embedder_identity"] == embedder.identity and health["device"] == "cpu"
+    assert (health["embed_backend"], health["rerank_backend"]) == ("torch", "torch")
     assert [card["id"] for card in models["data"]] == [embedder.model_id, reranker.model_id]
     assert missing.status_code == 404
 

@@ -152,6 +152,8 @@ def test_backend_flags_reach_the_embedder_and_the_reranker(server_llm, cross_enc
         create_app(rerank_backend="openvino", llm=server_llm, preload=False)
     with pytest.raises(ConfigurationError, match="--embed-backend, --embed-dtype"):
         create_app(embed_backend="onnx", embed_dtype="bfloat16", llm=server_llm, preload=False)
+    with pytest.raises(ConfigurationError, match=r"runs on the CPU only, and 'device' is 'cuda' \(--rerank-backend, --device\)"):
+        create_app(rerank_backend="onnx", device="cuda", llm=server_llm, preload=False)
 
 
 @pytest.mark.parametrize(

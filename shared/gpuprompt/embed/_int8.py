@@ -153,8 +153,9 @@ def export_onnx(model: Any, path: Path) -> None:
     auto = getattr(transformer, "auto_model", None) or getattr(transformer, "model", None)
     if auto is None or not hasattr(model, "preprocess"):
         raise ModelLoadError(
-            f"int8 export needs a SentenceTransformer whose first module wraps a transformers model (got "
-            f"{type(transformer).__name__}); use quantize=None for this model."
+            f"the ONNX export (quantize='int8', backend='onnx') needs a SentenceTransformer whose first module "
+            f"wraps a transformers model (got {type(transformer).__name__}); use quantize=None and backend='torch' "
+            "for this model."
         )
     auto = copy.deepcopy(auto).float().eval()
     if hasattr(auto, "set_attn_implementation"):

@@ -71,8 +71,9 @@ class RerankerConfig:
         quantize_guard: the guard's thresholds (a :class:`RankingThresholds` or a dict of its fields).
         backend: ``"torch"`` (default) or ``"onnx"``: the same fp32 cross-encoder exported once to ONNX
             (into the models cache, checked against torch when built) and run by onnxruntime as
-            one-thread slices, one per core (``pip install 'gpuprompt[quant]'``). CPU only; scores equal
-            torch's within 1e-5, so :attr:`~gpuprompt.Reranker.identity` is unchanged. With
+            one-thread slices, one per core (``pip install 'gpuprompt[quant]'``). CPU only. An export
+            whose logits differ from torch's by more than 1e-4 of the largest is refused (measured:
+            1e-6), so :attr:`~gpuprompt.Reranker.identity` is unchanged. With
             ``quantize``, int8 serves when it loads and passes its guard, else this fp32 export.
     """
 

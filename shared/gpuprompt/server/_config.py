@@ -165,6 +165,12 @@ class ServerConfig:
                     f"'{part}_backend' ('onnx') and '{part}_dtype' ({dtype!r}) exclude each other (--{part}-backend, "
                     f"--{part}-dtype): the ONNX export runs in fp32. Set one."
                 )
+            if backend == "onnx" and isinstance(self.device, str) and self.device not in ("auto", "cpu"):
+                raise ConfigurationError(
+                    f"'{part}_backend' ('onnx') runs on the CPU only, and 'device' is {self.device!r} (--{part}-backend, "
+                    "--device): drop --{part}-backend onnx (fp16 on the accelerator is faster) or use --device cpu."
+                    .replace("{part}", part)
+                )
         if self.rerank_quantize not in (None, "int8", "auto"):
             raise ConfigurationError(f"'rerank_quantize' must be None, 'int8' or 'auto' (got {describe(self.rerank_quantize)}).")
         if self.max_model_len is not None:

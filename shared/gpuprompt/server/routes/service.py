@@ -50,6 +50,9 @@ async def health(server: State) -> Response:
             embedding_model=server.embedder.model_id,
             embedder_identity=server.embedder.identity if server.loaded else None,
             rerank_model=server.reranker.model_id if server.reranker is not None else None,
+            embed_backend=server.embedder.backend if server.loaded else server.embedder.config.backend,
+            rerank_backend=None if server.reranker is None else
+            server.reranker.backend if server.loaded else server.reranker.config.backend,
             llm_backend=backend,
             device=device,
             collections=len(server.collections),

@@ -90,6 +90,11 @@ class HealthResponse(BaseModel):
     None until the embedder has loaded."""
     rerank_model: str | None = None
     """The served rerank model (``--rerank-model``), or None when the server reranks nothing."""
+    embed_backend: str = "torch"
+    """What runs the embedder's forward pass: ``torch`` or ``onnx`` (``--embed-backend``; int8 runs
+    on onnx); the configured one until the embedder has loaded."""
+    rerank_backend: str | None = None
+    """The same for the reranker (``--rerank-backend``), None when the server reranks nothing."""
     llm_backend: str | None
     """The chat engine's backend (``vllm``, ``transformers``, ``remote``); None without a chat model."""
     device: str
