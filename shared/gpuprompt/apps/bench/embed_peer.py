@@ -1,9 +1,10 @@
 """``embed-peer``: ``gpuprompt serve`` against infinity-emb, the embedding server users pick.
 
-Four servers of the same model (the bundled all-MiniLM-L6-v2) on CPU, each ALONE on the machine
+Five servers of the same model (the bundled all-MiniLM-L6-v2) on CPU, each ALONE on the machine
 (started, measured, stopped, then the next; their order rotates between runs):
 
-* ``gpuprompt serve --chat-model none`` (fp32) and the same with ``--embed-quantize int8``;
+* ``gpuprompt serve --chat-model none`` (fp32), the same with ``--embed-backend onnx`` (fp32 through
+  onnxruntime) and with ``--embed-quantize int8``;
 * infinity-emb 0.0.78 with its torch engine, and with its ONNX engine (``--engine optimum
   --pooling-method mean``, started inside the exported folder with ``--model-id .``), installed
   as a user installs it: its own virtual environment under the bench's cache folder
@@ -47,10 +48,11 @@ __all__: list[str] = []
 CALLERS = 32
 BULK_BATCH = 256
 MODEL_NAME = "all-MiniLM-L6-v2"  # what every request names (infinity serves it under this name too)
-SERVERS = ("fp32", "int8", "infinity_torch", "infinity_onnx")
-LABELS = {"fp32": "gpuprompt fp32", "int8": "gpuprompt int8", "infinity_torch": "infinity torch",
+SERVERS = ("fp32", "onnx", "int8", "infinity_torch", "infinity_onnx")
+LABELS = {"fp32": "gpuprompt fp32", "onnx": "gpuprompt fp32 (onnx)", "int8": "gpuprompt int8",
+          "infinity_torch": "infinity torch",
           "infinity_onnx": "infinity ONNX"}
-_CHARTED = ("infinity_torch", "infinity_onnx", "fp32", "int8")  # the peer first (the chart greys the first bar)
+_CHARTED = ("infinity_torch", "infinity_onnx", "fp32", "onnx", "int8")  # the peer first (the chart greys the first bar)
 _OTHERS_LIMIT = 0.15  # share of the machine's CPU that other processes may take during a measurement
 _RSS_LIMIT_MB = 1500.0  # the issue's bound for an embeddings-only gpuprompt serve (1.5 GB)
 
@@ -73,11 +75,13 @@ def _server(name: str, model: str, venv: Path, onnx: Path, work: Path, run: int)
     port = _free_port()
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
     log = work / f"{name}-{run}.log"
-    if name in ("fp32", "int8"):
+    if name in ("fp32", "onnx", "int8"):
         command = [sys.executable, "-m", "gpuprompt.apps.cli", "serve", "--port", str(port), "--chat-model", "none",
                    "--device", "cpu", "--log-level", "warning"]
         if name == "int8":
             command += ["--embed-quantize", "int8"]
+        if name == "onnx":
+            command += ["--embed-backend", "onnx"]
         return ServerProcess(name, command, f"http://127.0.0.1:{port}/v1", log, env=env)
     # infinity: loopback only, no telemetry, the OpenAI /v1 prefix, no disk cache of vectors, and its
     # own start-up benchmark off (it only prints timings; the bench warms every server up alike). Its
@@ -242,7 +246,7 @@ def _one(name: str, run: int, quick: bool, model: str, venv: Path, onnx: Path, w
 
 @scenario(
     "embed-peer",
-    "gpuprompt serve (--chat-model none; fp32 and --embed-quantize int8) vs infinity-emb 0.0.78 (torch and ONNX "
+    "gpuprompt serve (--chat-model none; fp32, --embed-backend onnx and --embed-quantize int8) vs infinity-emb 0.0.78 (torch and ONNX "
     "engines, its own venv), same MiniLM model and httpx client, each server alone: 32 concurrent one-text "
     "callers and bulk requests; texts/s, p50/p95, CPU time per text and resident memory of the server's tree.",
 )
@@ -276,6 +280,12 @@ def embed_peer(ctx: BenchContext) -> ScenarioResult:
                                               / figures["infinity_torch"]["callers_texts_per_s"])
             flat["fp32_vs_infinity_onnx"] = (figures["fp32"]["callers_texts_per_s"]
                                              / figures["infinity_onnx"]["callers_texts_per_s"])
+            flat["onnx_vs_infinity_onnx"] = (figures["onnx"]["callers_texts_per_s"]
+                                             / figures["infinity_onnx"]["callers_texts_per_s"])
+            flat["onnx_vs_infinity_torch"] = (figures["onnx"]["callers_texts_per_s"]
+                                              / figures["infinity_torch"]["callers_texts_per_s"])
+            flat["bulk_onnx_vs_infinity_onnx"] = (figures["onnx"]["bulk_texts_per_s"]
+                                                  / figures["infinity_onnx"]["bulk_texts_per_s"])
             flat["int8_vs_infinity_onnx"] = (figures["int8"]["callers_texts_per_s"]
                                              / figures["infinity_onnx"]["callers_texts_per_s"])
             flat["bulk_fp32_vs_infinity_onnx"] = (figures["fp32"]["bulk_texts_per_s"]
@@ -293,8 +303,10 @@ def embed_peer(ctx: BenchContext) -> ScenarioResult:
 def _result(ctx: BenchContext, metrics: dict[str, float], runs: dict[str, list[float]]) -> ScenarioResult:
     cores = os.cpu_count() or 1
     alone = max(runs["others_cpu_share"]) <= _OTHERS_LIMIT
-    ours_rss = max(metrics["fp32_peak_rss_mb"], metrics["int8_peak_rss_mb"])
-    met = (alone and metrics["fp32_vs_infinity_torch"] >= 2.0 and metrics["fp32_vs_infinity_onnx"] >= 1.25
+    ours_rss = max(metrics["fp32_peak_rss_mb"], metrics["onnx_peak_rss_mb"], metrics["int8_peak_rss_mb"])
+    # fp32 is the faster of gpuprompt's two full-precision forward passes (torch, --embed-backend onnx).
+    fp32 = "onnx" if metrics["onnx_vs_infinity_onnx"] > metrics["fp32_vs_infinity_onnx"] else "fp32"
+    met = (alone and metrics[f"{fp32}_vs_infinity_torch"] >= 2.0 and metrics[f"{fp32}_vs_infinity_onnx"] >= 1.25
            and metrics["int8_vs_infinity_onnx"] >= 2.0 and ours_rss < _RSS_LIMIT_MB
            and min(metrics[f"{name}_cosine_min_vs_fp32"] for name in SERVERS) >= 0.98)
     busy = "" if alone else (
@@ -306,12 +318,13 @@ def _result(ctx: BenchContext, metrics: dict[str, float], runs: dict[str, list[f
     return ScenarioResult(
         metrics=metrics,
         runs=runs,
-        goal="32 callers: gpuprompt fp32 >= 2.0x infinity torch and >= 1.25x infinity ONNX, int8 >= 2.0x "
+        goal="32 callers: gpuprompt fp32 (torch or --embed-backend onnx) >= 2.0x infinity torch and >= 1.25x infinity ONNX, int8 >= 2.0x "
              f"infinity ONNX; gpuprompt serve --chat-model none < {_RSS_LIMIT_MB / 1000:g} GB resident (peak); "
              "every server's vectors cosine >= 0.98 with fp32's",
         goal_met=met,
-        ratio=metrics["fp32_vs_infinity_onnx"],
-        ratio_label="gpuprompt serve fp32 vs infinity ONNX, texts/s with 32 callers",
+        ratio=metrics[f"{fp32}_vs_infinity_onnx"],
+        ratio_label=f"gpuprompt serve fp32 ({'--embed-backend onnx' if fp32 == 'onnx' else 'torch'}) vs infinity ONNX, "
+                    "texts/s with 32 callers",
         chart=Chart(
             kind="bar",
             title=f"Embedding servers on CPU, {CALLERS} concurrent one-text callers (texts / second)",
