@@ -198,10 +198,8 @@ async def test_the_server_serves_the_onnx_models_and_says_so(onnx_embedder: Embe
 
 
 # ------------------------------------------------------------------------------- the build
-def test_an_export_that_differs_from_torch_is_refused_and_leaves_nothing(tmp_path: Path) -> None:
-    model = tmp_path / "model"
-    model.mkdir()
-    (model / "config.json").write_text("{}")
+def test_an_export_that_differs_from_torch_is_refused_and_leaves_nothing(tmp_path: Path, tiny_model: Path) -> None:
+    model = tiny_model
     root = tmp_path / "models"
 
     def export(path: Path) -> None:
@@ -216,51 +214,55 @@ def test_an_export_that_differs_from_torch_is_refused_and_leaves_nothing(tmp_pat
     assert [p.suffix for p in root.iterdir()] == [".lock"]  # no folder, finished or half-written
 
 
-def test_a_checked_export_is_built_once_and_reused(tmp_path: Path) -> None:
+class CountingExport:
+    """An export that writes a stand-in graph and counts its calls (the build logic under test, not ONNX)."""
+
+    def __init__(self) -> None:
+        self.calls: list[Path] = []
+
+    def __call__(self, path: Path) -> None:
+        self.calls.append(path)
+        path.write_bytes(b"graph")
+
+
+@pytest.fixture
+def tiny_model(tmp_path: Path) -> Path:
     model = tmp_path / "model"
     model.mkdir()
     (model / "config.json").write_text("{}")
-    exports: list[Path] = []
+    return model
 
-    def export(path: Path) -> None:
-        exports.append(path)
-        path.write_bytes(b"graph")
+
+def test_a_checked_export_is_built_once_and_reused(tmp_path: Path, tiny_model: Path) -> None:
+    export = CountingExport()
 
     def check(path: Path) -> tuple[np.ndarray, np.ndarray]:
         return np.array([3.0, -4.0]), np.array([3.0, -4.0 + 1e-6])
 
-    first = build_fp32(str(model), "org/tiny", "rerank", export=export, check=check, root=tmp_path / "models")
-    again = build_fp32(str(model), "org/tiny", "rerank", export=export, check=check, root=tmp_path / "models")
-    assert first == again and len(exports) == 1
+    first = build_fp32(str(tiny_model), "org/tiny", "rerank", export=export, check=check, root=tmp_path / "models")
+    again = build_fp32(str(tiny_model), "org/tiny", "rerank", export=export, check=check, root=tmp_path / "models")
+    assert first == again and len(export.calls) == 1
     assert first.parent.name.startswith(f"tiny-rerank-{FP32_RECIPE}-") and (first.parent / COMPLETE_MARK).is_file()
     assert (first.parent / "check.json").is_file()
 
 
-def test_a_cached_export_that_was_changed_is_built_again(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    model = tmp_path / "model"
-    model.mkdir()
-    (model / "config.json").write_text("{}")
-    exports: list[Path] = []
-
-    def export(path: Path) -> None:
-        exports.append(path)
-        path.write_bytes(b"graph")
+def test_a_cached_export_that_was_changed_is_built_again(tmp_path: Path, tiny_model: Path,
+                                                         caplog: pytest.LogCaptureFixture) -> None:
+    export = CountingExport()
 
     def check(path: Path) -> tuple[np.ndarray, np.ndarray]:
         return np.ones(2), np.ones(2)
 
-    first = build_fp32(str(model), "org/tiny", "embed", export=export, check=check, root=tmp_path / "models")
+    first = build_fp32(str(tiny_model), "org/tiny", "embed", export=export, check=check, root=tmp_path / "models")
     first.write_bytes(b"graph, edited after the check")  # altered (or truncated) on disk
     with caplog.at_level(logging.WARNING, logger="gpuprompt._int8"):
-        again = build_fp32(str(model), "org/tiny", "embed", export=export, check=check, root=tmp_path / "models")
-    assert again == first and again.read_bytes() == b"graph" and len(exports) == 2
+        again = build_fp32(str(tiny_model), "org/tiny", "embed", export=export, check=check, root=tmp_path / "models")
+    assert again == first and again.read_bytes() == b"graph" and len(export.calls) == 2
     assert any("not the one checked against torch" in r.message for r in caplog.records)
 
 
-def test_a_model_saved_again_in_place_gets_a_new_build(tmp_path: Path) -> None:
-    model = tmp_path / "model"
-    model.mkdir()
-    (model / "config.json").write_text("{}")
+def test_a_model_saved_again_in_place_gets_a_new_build(tmp_path: Path, tiny_model: Path) -> None:
+    model = tiny_model
     weights = bytearray(3 << 20)  # a fine-tune of the same shapes: same names, same sizes
     (model / "model.safetensors").write_bytes(weights)
     before = fingerprint(str(model), FP32_RECIPE)
