@@ -99,7 +99,7 @@ def test_close_releases_the_onnx_session() -> None:
 
 # ------------------------------------------------------------------------------- reranker
 def test_onnx_reranker_equals_torch(onnx_reranker: Reranker, reranker: Reranker) -> None:
-    docs = prose_paragraphs()[:16] + ["", "x", "longword " * 600]
+    docs = prose_paragraphs()[:8] + ["", "x", "longword " * 600]
     pairs = [(QUERY, d) for d in docs] + [("", "empty query"), ("x " * 700, "a long query")]
     assert onnx_reranker.backend == "onnx" and reranker.backend == "torch"
     assert onnx_reranker.identity == reranker.identity and onnx_reranker.quantization is None
@@ -110,8 +110,8 @@ def test_onnx_reranker_equals_torch(onnx_reranker: Reranker, reranker: Reranker)
 
 
 def test_onnx_reranker_concurrent_callers_agree_with_alone(onnx_reranker: Reranker) -> None:
-    docs = prose_paragraphs()[20:32]
-    queries = [f"{QUERY} (caller {i})" for i in range(6)]
+    docs = prose_paragraphs()[20:28]
+    queries = [f"{QUERY} (caller {i})" for i in range(4)]
     alone = {q: onnx_reranker.rerank(q, docs) for q in queries}
     onnx_reranker.clear_cache()
     together: dict[str, list] = {}
