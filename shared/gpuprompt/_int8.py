@@ -378,10 +378,7 @@ def fingerprint(model_path: str, recipe: str) -> str:
         digest.update(model_path.encode())
         return digest.hexdigest()[:12]
     for file in sorted(p for p in path.rglob("*") if p.is_file()):
-        digest.update(f"{file.relative_to(path)}:{file.stat().st_size}\n".encode())
-        with file.open("rb") as handle:
-            while chunk := handle.read(1 << 23):
-                digest.update(chunk)
+        digest.update(f"{file.relative_to(path)}:{_file_digest(file)}\n".encode())
     return digest.hexdigest()[:12]
 
 
@@ -496,11 +493,9 @@ def build_fp32(model_path: str, model_id: str, kind: str, *, export: Callable[[P
 
 
 def _file_digest(path: Path) -> str:
-    digest = hashlib.sha256()
+    """The sha256 of a file's content (read in chunks, not whole into memory)."""
     with path.open("rb") as handle:
-        while chunk := handle.read(1 << 23):
-            digest.update(chunk)
-    return digest.hexdigest()
+        return hashlib.file_digest(handle, "sha256").hexdigest()
 
 
 def write_json_atomic(path: Path, data: dict[str, Any]) -> None:

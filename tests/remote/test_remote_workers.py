@@ -154,6 +154,25 @@ def _reference_answers() -> list[str]:
     return [chain.invoke(question) for question in QUESTIONS]
 
 
+def _one_client_per_worker(app_url: str, wanted: int) -> tuple[list[httpx.Client], set[int]]:
+    """Kept-alive connections to up to ``wanted`` distinct app workers, and their pids: the kernel hands
+    a new connection to whichever worker accepts first, so connections are opened (64 at most) until
+    that many workers each hold one."""
+    clients: list[httpx.Client] = []
+    pids: set[int] = set()
+    for _ in range(64):
+        if len(clients) == wanted:
+            break
+        client = httpx.Client(base_url=app_url, timeout=300, limits=httpx.Limits(max_connections=1))
+        pid = client.get("/worker").json()["worker"]
+        if pid in pids:
+            client.close()
+        else:
+            pids.add(pid)
+            clients.append(client)
+    return clients, pids
+
+
 def test_four_remote_workers_answer_as_in_process_and_share_batches(app_url: str, engine) -> None:
     import gpuprompt.remote  # noqa: F401 - the module under test must import on its own
 
@@ -164,20 +183,7 @@ def test_four_remote_workers_answer_as_in_process_and_share_batches(app_url: str
         states = [http.get("/worker").json() for _ in range(8)]
     assert not any(state["torch_imported"] for state in states)  # remote mode: no model, no torch
 
-    # One kept-alive connection per worker: the kernel hands a new connection to whichever worker
-    # accepts first, so connections are opened until each worker holds one.
-    clients: list[httpx.Client] = []
-    pids: set[int] = set()
-    for _ in range(64):
-        if len(clients) == WORKERS:
-            break
-        client = httpx.Client(base_url=app_url, timeout=300, limits=httpx.Limits(max_connections=1))
-        pid = client.get("/worker").json()["worker"]
-        if pid in pids:
-            client.close()
-        else:
-            pids.add(pid)
-            clients.append(client)
+    clients, pids = _one_client_per_worker(app_url, WORKERS)
     assert len(clients) >= 2, f"could not reach two workers: {pids}"
 
     def ask_all(i: int) -> list[tuple[int, dict[str, Any]]]:
@@ -220,18 +226,7 @@ def _ask_while_the_engine_is_busy(engine, app_url: str, workers: set[int]) -> in
     from gpuprompt import GenerationRequest
 
     batcher = engine._backend._batcher
-    clients: list[httpx.Client] = []
-    pids: set[int] = set()
-    for _ in range(64):  # one kept-alive connection per worker reached before (see the test)
-        if len(pids) == len(workers):
-            break
-        client = httpx.Client(base_url=app_url, timeout=300, limits=httpx.Limits(max_connections=1))
-        pid = client.get("/worker").json()["worker"]
-        if pid in pids:
-            client.close()
-        else:
-            pids.add(pid)
-            clients.append(client)
+    clients, _ = _one_client_per_worker(app_url, len(workers))  # the workers the test reached
     most = 0
     try:
         for _ in range(3):  # a second round only if the long generation ended before all were queued
