@@ -76,21 +76,28 @@ def _tier(item: pytest.Item) -> str:
 
 
 # `make test` runs on two workers (pytest-xdist, --dist loadgroup): each test file is one unit of
-# work, except files that share a process-wide server a second worker would start again (the pair
-# of vLLM servers behind the router, the local Ray cluster): those run together on one worker.
+# work, except files that share something process-wide a second worker would start again: the pair
+# of vLLM servers behind the router, the local Ray cluster, and the session's in-process vLLM engine
+# (support.engines; ~60 s to start on one core, ~3 GB held). Each such group runs on one worker.
+_VLLM_ENGINE_FILES = (
+    "test_llm_engine.py", "test_llm_tools.py", "test_llm_guided.py", "test_lc_chat_models.py",
+    "test_lc_chat_models_standard.py", "test_lc_agent.py", "test_li_llm.py", "test_li_agent.py",
+    "test_remote_lc_standard.py",
+)
 _SHARED_GROUPS = {
     "test_llm_fleet.py": "vllm-pair", "test_llm_remote.py": "vllm-pair",
     "test_bulk_ray.py": "ray", "test_ray_serve.py": "ray",
+    **dict.fromkeys(_VLLM_ENGINE_FILES, "vllm-engine"),
 }
 # The longest units start first so that neither worker is left alone with one at the end (seconds
-# of a full run on 2 cores, 2026-12-05; only the order depends on them, never a result).
+# of a full run on 2 cores, 2026-12-06; only the order depends on them, never a result). The Ray
+# group goes before the vLLM pair so that the pair's two servers do not start while the other
+# worker starts the in-process engine (three vLLM starts at once on two cores: each took ~2x longer).
 _LONGEST = {
-    "vllm-pair": 190, "test_lc_chat_models_standard.py": 150, "test_llm_tools.py": 145,
-    "test_lc_chat_models.py": 105, "test_remote_lc_standard.py": 90, "test_llm_engine.py": 70, "ray": 70,
-    "test_li_agent.py": 65, "test_lc_vectorstores_milvus.py": 50, "test_pipeline.py": 47,
-    "test_tools_server.py": 46, "test_li_llm.py": 46, "test_remote_rerank_vllm.py": 41, "test_spawn_guard.py": 40,
-    "test_hostile.py": 38, "test_embed_peer_bench.py": 37, "test_li_vector_store_milvus.py": 37,
-    "test_remote_adapters.py": 34, "test_embedder_quant.py": 33,
+    "vllm-engine": 1250, "ray": 165, "vllm-pair": 160, "test_pipeline.py": 100, "test_hostile.py": 80,
+    "test_spawn_guard.py": 80, "test_remote_rerank_vllm.py": 76, "test_tools_server.py": 75, "test_models.py": 71,
+    "test_embed_peer_bench.py": 66, "test_embedder_quant.py": 62, "test_reranker.py": 62,
+    "test_remote_adapters.py": 61, "test_remote_workers.py": 60, "test_lc_vectorstores_milvus.py": 54,
 }
 
 

@@ -232,7 +232,7 @@ def refund(order_id: int, reason: str) -> str:
 def chat(request: pytest.FixtureRequest) -> ChatGPUPrompt:
     """A ChatGPUPrompt on each backend (the session's engines), with room for guided JSON."""
     base = request.getfixturevalue("lc_chat" if request.param == "transformers" else "lc_chat_vllm")
-    return ChatGPUPrompt(backend=base.backend, max_tokens=64)
+    return base.model_copy(update={"max_tokens": 64})  # its engine: a bare backend="vllm" would start another
 
 
 @pytest.mark.parametrize("method", ["json_schema", "function_calling", "json_mode"])
