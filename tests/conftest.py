@@ -90,11 +90,11 @@ _SHARED_GROUPS = {
     **dict.fromkeys(_VLLM_ENGINE_FILES, "vllm-engine"),
 }
 # The longest units start first so that neither worker is left alone with one at the end (seconds
-# of a full run on 2 cores, 2026-12-06; only the order depends on them, never a result). The Ray
-# group goes before the vLLM pair so that the pair's two servers do not start while the other
-# worker starts the in-process engine (three vLLM starts at once on two cores: each took ~2x longer).
+# of a full run on 2 cores, 2026-12-06; only the order depends on them, never a result). The vLLM
+# pair starts beside the in-process engine: started later, after the Ray group, it took 222 s
+# instead of 119 (runs 25 and 26 of 2026-12-06).
 _LONGEST = {
-    "vllm-engine": 1250, "ray": 165, "vllm-pair": 160, "test_pipeline.py": 100, "test_hostile.py": 80,
+    "vllm-engine": 1250, "vllm-pair": 200, "ray": 165, "test_pipeline.py": 100, "test_hostile.py": 80,
     "test_spawn_guard.py": 80, "test_remote_rerank_vllm.py": 76, "test_tools_server.py": 75, "test_models.py": 71,
     "test_embed_peer_bench.py": 66, "test_embedder_quant.py": 62, "test_reranker.py": 62,
     "test_remote_adapters.py": 61, "test_remote_workers.py": 60, "test_lc_vectorstores_milvus.py": 54,
