@@ -3,7 +3,9 @@
 vLLM takes 30-60 s to start on 2 cores, so every in-process vLLM test (core, LangChain, LlamaIndex,
 the remote suites' server) asks the Runtime for the same settings and gets the same engine: at most
 4 requests at a time (a few requests fill it, which the cancellation and priority tests need) and
-float32 weights (greedy outputs then do not depend on how requests were batched).
+float32 weights (greedy outputs then do not depend on how requests were batched). The files that
+use it run on one xdist worker, so it starts once per run: a new such file goes into
+``_VLLM_ENGINE_FILES`` in ``tests/conftest.py`` (left out, it would start a second engine elsewhere).
 """
 
 from __future__ import annotations
