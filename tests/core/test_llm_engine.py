@@ -6,6 +6,7 @@ Greedy decoding throughout, so outputs are deterministic; max_tokens stays small
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import threading
@@ -55,7 +56,9 @@ def test_batched_results_equal_one_at_a_time(engine: LLMEngine) -> None:
     batched = engine.generate([chat(q, max_tokens=12) for q in QUESTIONS])
     assert [r.text for r in batched] == [r.text for r in alone]
     assert all(r.text for r in batched)
-    assert [r.usage for r in batched] == [r.usage for r in alone]
+    # prefix-cache hits depend on what ran before (the default system prompt is shared): not compared
+    assert [dataclasses.replace(r.usage, cached_tokens=0) for r in batched] == [
+        dataclasses.replace(r.usage, cached_tokens=0) for r in alone]
     assert len({r.request_id for r in batched}) == len(QUESTIONS)
     assert all(r.model == engine.model_name for r in batched)
 
@@ -113,7 +116,8 @@ def test_streaming_concatenation_equals_generate(engine: LLMEngine) -> None:
     assert "".join(d.text for d in deltas) == result.text
     assert len([d for d in deltas if d.text]) > 1  # really streamed, not one block
     assert [d.finish_reason is not None for d in deltas] == [False] * (len(deltas) - 1) + [True]
-    assert deltas[-1].finish_reason == result.finish_reason and deltas[-1].usage == result.usage
+    assert deltas[-1].finish_reason == result.finish_reason
+    assert dataclasses.replace(deltas[-1].usage, cached_tokens=0) == dataclasses.replace(result.usage, cached_tokens=0)
 
     async def collect() -> list[StreamDelta]:
         return [d async for d in engine.astream(request)]

@@ -599,7 +599,9 @@ def test_streamed_tool_calls_concatenate_to_the_generated_ones(engine: LLMEngine
     [result] = engine.generate([request])
     deltas = list(engine.stream(request))
     assert all(isinstance(d, StreamDelta) for d in deltas)
-    assert deltas[-1].finish_reason == result.finish_reason and deltas[-1].usage == result.usage
+    # usage as a whole but the prefix-cache hits, which depend on what ran before
+    assert deltas[-1].finish_reason == result.finish_reason
+    assert dataclasses.replace(deltas[-1].usage, cached_tokens=0) == dataclasses.replace(result.usage, cached_tokens=0)
     assert "".join(d.text for d in deltas) == result.text
     calls = merged([c for d in deltas for c in d.tool_calls])
     assert [(name, json.loads(args)) for _, name, args in calls] == [(c.name, c.args) for c in result.tool_calls]

@@ -312,19 +312,21 @@ def test_tool_turns_reach_the_core_as_tool_messages(lc_chat: ChatGPUPrompt) -> N
     assert lc_chat.get_num_tokens_from_messages(history) > lc_chat.get_num_tokens_from_messages(history[:1])
 
 
-@pytest.mark.vllm
-def test_prefix_cache_hits_are_reported_as_cache_read(lc_chat_vllm: ChatGPUPrompt) -> None:
-    """vLLM's prefix cache serves the repeated system prompt: ``input_token_details.cache_read``."""
+@pytest.mark.parametrize("backend", ["transformers", pytest.param("vllm", marks=pytest.mark.vllm)])
+def test_prefix_cache_hits_are_reported_as_cache_read(request: pytest.FixtureRequest, backend: str) -> None:
+    """The prefix cache serves the repeated system prompt: ``input_token_details.cache_read``."""
+    chat = request.getfixturevalue("lc_chat_vllm" if backend == "vllm" else "lc_chat")
     system = "You are the support assistant of a clothing shop. " * 20
     messages = [SystemMessage(system), HumanMessage("Hello!")]
-    lc_chat_vllm.invoke(messages, max_tokens=2)
-    again = lc_chat_vllm.invoke(messages, max_tokens=2)
+    chat.invoke(messages, max_tokens=2)
+    again = chat.invoke(messages, max_tokens=2)
     cached = again.usage_metadata["input_token_details"]["cache_read"]
     assert 0 < cached <= again.usage_metadata["input_tokens"]
 
 
 def test_no_cache_read_detail_without_cache_hits(lc_chat: ChatGPUPrompt) -> None:
-    """The transformers backend keeps no prefix cache: no ``cache_read`` figure is invented."""
+    """Right after a cache reset nothing is served from it: no ``cache_read`` figure is invented."""
+    assert lc_chat.engine.reset_prefix_cache()
     message = lc_chat.invoke("Hello!", max_tokens=2)
     assert "input_token_details" not in message.usage_metadata
 

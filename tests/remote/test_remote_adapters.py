@@ -76,7 +76,8 @@ def test_lc_chat_equals_in_process(live) -> None:
     messages = [SystemMessage("You are a shop assistant."), HumanMessage("Hello!")]
     got, want = remote.invoke(messages), local.invoke(messages)
     assert got.content == want.content
-    assert got.usage_metadata == want.usage_metadata
+    # each engine's prefix-cache hits depend on what it ran before: compared without them
+    assert {**got.usage_metadata, "input_token_details": {}} == {**want.usage_metadata, "input_token_details": {}}
     assert got.response_metadata == want.response_metadata
     assert remote.get_num_tokens_from_messages(messages) == local.get_num_tokens_from_messages(messages)
     assert isinstance(remote.engine, RemoteLLM)

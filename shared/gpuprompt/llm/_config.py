@@ -57,13 +57,15 @@ class LLMConfig:
         quantization: vLLM ``quantization`` method (``"awq"``, ``"gptq"``, ``"fp8"``, ...).
         gpu_memory_utilization: vLLM's share of GPU memory for weights and KV cache.
         tensor_parallel_size: vLLM tensor parallelism (the path past one GPU).
-        enable_prefix_caching: reuse the KV cache of shared prompt prefixes (vLLM).
+        enable_prefix_caching: reuse the KV cache of shared prompt prefixes: vLLM's block cache,
+            or on transformers an LRU of recent prompts' keys and values (``kv_cache_space_gb`` at
+            most, on the model's device) that a batch starting with the same tokens computes on from.
         block_size: vLLM KV-cache block size in tokens, also the granularity of prefix-cache hits;
             None = vLLM's default (128 on CPU, 16 on GPU).
         enforce_eager: vLLM without graph capture; None = True on CPU (starts in ~30 s instead
             of ~100 s), False on GPU.
         kv_cache_space_gb: KV cache size for vLLM on CPU (sets ``VLLM_CPU_KVCACHE_SPACE`` when
-            that is not set already).
+            that is not set already); on transformers, the most bytes of kept prompt prefixes.
         max_wait_ms: transformers backend: how long a queued request waits for its batch to fill
             while a batch is running.
         max_queue: most requests waiting; more raises ``QueueFullError`` (transformers backend).

@@ -80,7 +80,7 @@ class Usage:
         completion_tokens: tokens the model generated, the end-of-sequence token included.
         total_tokens: their sum.
         cached_tokens: prompt tokens served from the prefix cache (vLLM's ``num_cached_tokens``;
-            always 0 on transformers, which keeps no prefix cache).
+            on transformers, the tokens whose keys and values a kept prompt prefix supplied).
     """
 
     prompt_tokens: int

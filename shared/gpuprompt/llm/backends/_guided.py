@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import logging
 import threading
 from collections.abc import Mapping, Sequence
@@ -310,4 +311,66 @@ class PenaltyProcessor:
                 for token, bias in request.logit_bias.items():
                     if token < width:
                         logits[token] += bias
+        return scores
+
+
+class RowSampler:
+    """Samples each row with its own settings and its own seed, so greedy rows and rows with any
+    temperature, ``top_k``, ``top_p``, ``min_p`` or seed share one ``generate`` batch (as they share
+    one vLLM step).
+
+    The last logits processor of a greedy ``generate``: a sampled row's logits are reduced to its
+    drawn token (every other token -inf), which greedy decoding then picks; greedy rows are left
+    as they are. Per row, in transformers' order: temperature, top-k, top-p, min-p (each keeps at
+    least one token), softmax, one draw from the row's generator (seeded with the request's
+    ``seed``; the global generator when it has none). A seeded request draws the same tokens
+    whatever else shares its batch.
+
+    Args:
+        rows: the batch's rows (``job.prepared.request`` holds the sampling settings).
+        device: where the logits are (the seeded generators live there).
+    """
+
+    def __init__(self, rows: Sequence[Any], device: str) -> None:
+        import torch
+
+        self.rows = rows
+        self.generators: list[Any] = []
+        for row in rows:
+            request = row.job.prepared.request
+            generator = None
+            if request.temperature > 0 and request.seed is not None:
+                generator = torch.Generator(device=device).manual_seed(request.seed)
+            self.generators.append(generator)
+
+    @staticmethod
+    def wanted(request: Any) -> bool:
+        """Whether a request samples (rather than decoding greedily)."""
+        return bool(request.temperature > 0)
+
+    def __call__(self, input_ids: Any, scores: Any) -> Any:
+        import torch
+
+        for i, row in enumerate(self.rows):
+            request = row.job.prepared.request
+            if row.done or request.temperature <= 0:
+                continue
+            logits = scores[i].float() / request.temperature
+            if request.top_k and request.top_k < logits.shape[-1]:
+                kth = torch.topk(logits, request.top_k).values[-1]
+                logits = logits.masked_fill(logits < kth, -math.inf)
+            if request.top_p < 1.0:
+                ordered, order = torch.sort(logits)  # ascending, as transformers' TopPLogitsWarper
+                tail = ordered.softmax(-1).cumsum(-1) <= 1 - request.top_p
+                tail[-1] = False  # the likeliest token always stays
+                logits = logits.masked_fill(torch.zeros_like(tail).scatter(0, order, tail), -math.inf)
+            if request.min_p > 0:
+                probs = logits.softmax(-1)
+                logits = logits.masked_fill(probs < request.min_p * probs.max(), -math.inf)
+            probs = logits.softmax(-1)
+            if not torch.isfinite(probs).all() or float(probs.sum()) <= 0:
+                continue  # nothing left to sample from (every token masked): greedy picks as it would
+            token = int(torch.multinomial(probs, 1, generator=self.generators[i]))
+            scores[i] = -math.inf
+            scores[i, token] = 0.0
         return scores

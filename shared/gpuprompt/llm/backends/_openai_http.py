@@ -84,7 +84,7 @@ class RemoteBackend(Backend):
     @property
     def capabilities(self) -> dict[str, Any]:
         capabilities = super().capabilities
-        capabilities["prefix_cache"] = self.server_kind == "vllm"
+        capabilities["prefix_cache"] = self.server_kind in ("vllm", "gpuprompt")  # both of its backends keep one
         capabilities["server"] = self.server_kind
         capabilities["base_url"] = redact(self.root)
         return capabilities

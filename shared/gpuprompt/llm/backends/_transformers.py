@@ -3,17 +3,18 @@
 
 On CPU this measured 3-6x faster than transformers' own continuous batching. Each row streams
 per token, stops on its own (end of sequence, stop string, ``max_tokens``, cancellation) and its
-caller gets the result as soon as its row stops, not when the whole batch ends.
+caller gets the result as soon as its row stops, not when the whole batch ends. Rows that share a
+prompt prefix with an earlier batch (a chat's history, a system prompt with tools) compute only the
+rest (:mod:`gpuprompt.llm.backends._prefix_cache`).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -37,9 +38,11 @@ from gpuprompt.llm.backends._guided import (
     GrammarCache,
     GuidedProcessor,
     PenaltyProcessor,
+    RowSampler,
     constraints_to_check,
     decoding_constraint,
 )
+from gpuprompt.llm.backends._prefix_cache import PrefixCache
 
 __all__ = ["TransformersBackend"]
 
@@ -55,6 +58,7 @@ class _Row:
     job: Job
     stops: StopScanner  # its hold: characters held back while they could still begin a stop string
     max_tokens: int
+    cached: int = 0  # prompt tokens whose keys and values came from the prefix cache
     ids: list[int] = field(default_factory=list)
     count: int = 0  # generated tokens, the end-of-sequence token included
     text: str = ""
@@ -117,7 +121,7 @@ class _RowTracker:
         if reason != "abort" and len(row.text) > row.emitted:
             row.job.push_text(row.text[row.emitted :])
             row.emitted = len(row.text)
-        row.job.finish(reason, row.count)
+        row.job.finish(reason, row.count, row.cached)
 
     def finalize(self) -> None:
         """End rows ``generate`` stopped without our tracker seeing it (its own length limit)."""
@@ -129,10 +133,9 @@ class _RowTracker:
 class TransformersBackend(Backend):
     """Left-padded batched ``model.generate`` behind a :class:`~gpuprompt.batching.MicroBatcher`.
 
-    Requests in one batch with different sampling settings (temperature, top_p, top_k, min_p,
-    seed) run as separate ``generate`` calls (greedy requests always share one). Guided decoding
-    (xgrammar, see :mod:`gpuprompt.llm.backends._guided`) and the penalties / ``logit_bias`` are per-row
-    logits processors, so constrained and free rows share a batch.
+    Sampling (temperature, top_p, top_k, min_p, seed: :class:`RowSampler`), guided decoding
+    (xgrammar, see :mod:`gpuprompt.llm.backends._guided`) and the penalties / ``logit_bias`` are
+    per-row logits processors, so greedy, sampled, constrained and free rows share one ``generate``.
     """
 
     name: ClassVar[str] = "transformers"
@@ -157,6 +160,11 @@ class TransformersBackend(Backend):
         self._vocab_size = 0
         self._grammars: GrammarCache | None = None
         self._grammars_lock = threading.Lock()
+        self._prefixes: PrefixCache | None = None
+
+    @property
+    def capabilities(self) -> dict[str, Any]:
+        return {**super().capabilities, "prefix_cache": self._prefixes is not None}
 
     # ------------------------------------------------------------------ start
     def start(self) -> None:
@@ -191,6 +199,9 @@ class TransformersBackend(Backend):
         embeddings = model.get_output_embeddings()
         self._vocab_size = int(embeddings.weight.shape[0]) if embeddings is not None else int(model.config.vocab_size)
         cfg = self.config
+        if cfg.enable_prefix_caching and PrefixCache.supports(model.config):
+            # The same budget as vLLM's CPU KV cache: the memory the user gave to keys and values.
+            self._prefixes = PrefixCache(model.config, max_bytes=int(cfg.kv_cache_space_gb * (1 << 30)))
         self._batcher = MicroBatcher(
             self._run_batch,
             name=f"llm:{self.model_path.rstrip('/').rsplit('/', 1)[-1]}",
@@ -312,20 +323,10 @@ class TransformersBackend(Backend):
 
     # ------------------------------------------------------------------ the batch function
     def _run_batch(self, jobs: list[Job]) -> list[None]:
-        groups: dict[tuple[Any, ...], list[Job]] = {}
-        for job in jobs:
-            request = job.prepared.request
-            key: tuple[Any, ...] = (
-                ("greedy",)
-                if request.temperature == 0
-                else ("sample", request.temperature, request.top_p, request.top_k, request.min_p, request.seed)
-            )
-            groups.setdefault(key, []).append(job)
         started = time.monotonic()
         for job in jobs:
             job.mark_started(started)
-        for group in groups.values():
-            self._run_group(group)
+        self._run_group(jobs)
         return [None] * len(jobs)
 
     def _run_group(self, jobs: list[Job]) -> None:
@@ -342,6 +343,8 @@ class TransformersBackend(Backend):
         try:
             self._generate(live)
         except torch.cuda.OutOfMemoryError as exc:
+            if self._prefixes is not None:
+                self._prefixes.reset()  # kept prefixes go first, before any request fails
             torch.cuda.empty_cache()
             untouched = all(job.first_token_at is None for job in live)
             if len(live) > 1 and untouched:
@@ -369,30 +372,33 @@ class TransformersBackend(Backend):
         from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteriaList
 
         prompts = [job.prepared.token_ids for job in jobs]
+        prefixes = self._prefixes
+        plan = prefixes.plan(prompts) if prefixes is not None else None
+        shared = plan.shared if plan is not None else 0
+        # Left padding, or [shared prefix][padding][rest] when the rows share a prefix (see
+        # _prefix_cache): positions follow the attention mask, so each row computes as if alone.
         width = max(len(p) for p in prompts)
         input_ids = torch.full((len(prompts), width), self._pad, dtype=torch.long)
         attention = torch.zeros((len(prompts), width), dtype=torch.long)
         for i, ids in enumerate(prompts):
-            input_ids[i, width - len(ids) :] = torch.tensor(ids, dtype=torch.long)
-            attention[i, width - len(ids) :] = 1
+            input_ids[i, :shared] = torch.tensor(ids[:shared], dtype=torch.long)
+            input_ids[i, width - len(ids) + shared :] = torch.tensor(ids[shared:], dtype=torch.long)
+            attention[i, :shared] = 1
+            attention[i, width - len(ids) + shared :] = 1
+        cached = plan.cached if plan is not None else 0
         rows = []
         for job in jobs:
             # a reply with tools has none here: the job matches them in its prose
-            rows.append(_Row(job, StopScanner(job.backend_stops), job.prepared.max_tokens))
+            rows.append(_Row(job, StopScanner(job.backend_stops), job.prepared.max_tokens, cached))
         tracker = _RowTracker(rows, self._tokenizer, self._eos)
-        request = jobs[0].prepared.request
-        sampling = request.temperature > 0
-        options: dict[str, Any] = {
-            "max_new_tokens": max(job.prepared.max_tokens for job in jobs),
-            "do_sample": sampling,
-            "pad_token_id": self._pad,
-            "eos_token_id": sorted(self._eos),
-        }
-        if sampling:
-            options.update(temperature=request.temperature, top_p=request.top_p, top_k=request.top_k)
-            if request.min_p > 0:
-                options["min_p"] = request.min_p
-        config = GenerationConfig(**options)
+        # Greedy for generate itself: sampled rows are drawn by RowSampler, each with its own
+        # settings and seed, so one batch holds any mix of sampling settings.
+        config = GenerationConfig(
+            max_new_tokens=max(job.prepared.max_tokens for job in jobs),
+            do_sample=False,
+            pad_token_id=self._pad,
+            eos_token_id=sorted(self._eos),
+        )
         processors = LogitsProcessorList()
         if any(PenaltyProcessor.wanted(job.prepared.request) for job in jobs):
             processors.append(PenaltyProcessor(rows))
@@ -402,29 +408,35 @@ class TransformersBackend(Backend):
             constraints = [decoding_constraint(job.prepared, COMPACT) for job in jobs]
             matchers = [None if c is None else cache.matcher(cache.compile(c)) for c in constraints]
             processors.append(GuidedProcessor(rows, matchers, cache))
-        with torch.inference_mode(), self._seeded(request.seed if sampling else None):
+        if any(RowSampler.wanted(job.prepared.request) for job in jobs):
+            processors.append(RowSampler(rows, self.device))  # last: it draws from the final logits
+        past = None
+        if plan is not None and shared:
+            past = plan.past if plan.past is not None else prefixes.empty()  # type: ignore[union-attr]
+        with torch.inference_mode():
             self._model.generate(
                 input_ids=input_ids.to(self.device),
                 attention_mask=attention.to(self.device),
                 generation_config=config,
                 logits_processor=processors,
                 stopping_criteria=StoppingCriteriaList([tracker]),
+                **({"past_key_values": past} if past is not None else {}),
             )
+            if past is not None and shared > cached:
+                try:
+                    prefixes.store(prompts[0][:shared], past, plan.epoch)  # type: ignore[union-attr]
+                except torch.cuda.OutOfMemoryError:  # every row has its answer: keeping it is optional
+                    prefixes.reset()  # type: ignore[union-attr]
+                    torch.cuda.empty_cache()
         tracker.finalize()
 
-    @contextlib.contextmanager
-    def _seeded(self, seed: int | None) -> Iterator[None]:
-        if seed is None:
-            yield
-            return
-        import torch
-
-        devices = [int(self.device.partition(":")[2] or 0)] if self.device.startswith("cuda") else []
-        with torch.random.fork_rng(devices=devices):
-            torch.manual_seed(seed)
-            yield
-
     # ------------------------------------------------------------------ lifecycle
+    def reset_prefix_cache(self) -> bool:
+        if self._prefixes is None:
+            return False
+        self._prefixes.reset()
+        return True
+
     def in_flight(self) -> int:
         """Requests queued or running in this backend."""
         with self._jobs_lock:

@@ -380,7 +380,7 @@ class ChatUsage(UsageModel):
     """Token counts of a generation, with the prompt tokens the prefix cache served."""
 
     prompt_tokens_details: dict[str, int] = Field(default_factory=lambda: {"cached_tokens": 0})
-    """``{"cached_tokens": n}``: prompt tokens read from the prefix cache (vLLM; 0 on transformers)."""
+    """``{"cached_tokens": n}``: prompt tokens read from the prefix cache (vLLM's or the transformers backend's)."""
 
 
 class ToolCallOut(BaseModel):
