@@ -367,10 +367,11 @@ class RowSampler:
             if request.min_p > 0:
                 probs = logits.softmax(-1)
                 logits = logits.masked_fill(probs < request.min_p * probs.max(), -math.inf)
-            probs = logits.softmax(-1)
-            if not torch.isfinite(probs).all() or float(probs.sum()) <= 0:
-                continue  # nothing left to sample from (every token masked): greedy picks as it would
-            token = int(torch.multinomial(probs, 1, generator=self.generators[i]))
-            scores[i] = -math.inf
-            scores[i, token] = 0.0
+            # Device-side throughout (no host sync per row on CUDA). A row with every token masked
+            # has nothing to sample from: it is left as it is, for greedy decoding to pick.
+            alive = torch.isfinite(logits).any()
+            probs = torch.where(alive, logits.softmax(-1), torch.ones_like(logits))
+            token = torch.multinomial(probs, 1, generator=self.generators[i])
+            drawn = torch.full_like(scores[i], -math.inf).scatter_(0, token, 0.0)
+            scores[i] = torch.where(alive, drawn, scores[i])
         return scores

@@ -1,27 +1,28 @@
 """Prompt-prefix reuse for the transformers backend: the KV cache of recent prompts, kept so a
-later batch that starts with the same tokens computes only the rest.
+later request that starts with the same tokens computes only the rest.
 
 vLLM caches prompt blocks on its own (``enable_prefix_caching``); ``model.generate`` recomputes
 every prompt token every time. A chat's turn repeats the conversation so far, and requests with
 tools repeat their ~250-token system prompt and tool list, so on CPU most of a reply's time to
-first token is spent recomputing what the previous request already computed.
+first token is spent recomputing what an earlier request already computed.
 
 How a batch uses it (:meth:`PrefixCache.plan`, then :meth:`PrefixCache.store`):
 
-- The rows of a batch share their first ``shared`` tokens (the whole prompt but its last token
-  for a batch of one). They are laid out as ``[shared][padding][rest of the row]`` instead of
-  left-padded: the attention mask hides the padding and ``generate`` derives positions from the
-  mask, so each row computes exactly what it would alone, and the first ``shared`` positions of
-  every row hold the same keys and values.
-- If a kept entry starts with some of those tokens, its keys and values are handed to
-  ``generate`` as ``past_key_values`` (copied across the batch) and only the tokens after them
-  are computed (``cached`` tokens, reported in ``Usage.cached_tokens`` as vLLM reports its hits).
-- After the batch, the first ``shared`` positions of row 0 are kept as a new entry (an entry
-  that the new one extends is dropped). Entries are evicted least recently used first, within a
-  byte budget.
+- Each row looks up, on its own, the kept prompt that shares the most leading tokens with it
+  (``cached`` tokens; at least its last token is left to compute). Rows with different system
+  prompts, or none kept, share a batch with rows that hit.
+- The batch is laid out as ``[row's cached tokens][padding][rest of the row]``, the cached zone
+  as wide as the longest hit: the kept keys and values fill it (zeros under the padding) and go
+  to ``generate`` as ``past_key_values``, so only the rest is computed. The attention mask hides
+  the padding and ``generate`` derives positions from the mask, so each row computes exactly what
+  it would alone. Without any hit this is plain left padding.
+- After the batch, each row's prompt is kept (its keys and values gathered from the cache
+  ``generate`` filled); a kept prompt that the new one extends is dropped. Entries are evicted
+  least recently used first, within a byte budget. Hits are reported in ``Usage.cached_tokens``,
+  as vLLM reports its own.
 
-Only models whose cache is a plain per-layer key/value stack (transformers' ``DynamicLayer`` for
-every layer) take part: a sliding-window or recurrent layer cannot be cut at a prefix.
+Only models that keep a plain per-layer key/value stack take part (:meth:`PrefixCache.supports`):
+a sliding-window or recurrent layer cannot be cut at a prefix.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ import numpy as np
 __all__ = ["PrefixCache", "PrefixPlan"]
 
 MIN_TOKENS = 16
-"""Shorter shared prefixes are neither kept nor looked up: they save less than the copy costs."""
+"""Shorter hits are not used and shorter prompts not kept: they save less than the copy costs."""
 
 
 @dataclass(frozen=True)
@@ -45,16 +46,20 @@ class PrefixPlan:
     """How one batch is laid out and what it reuses.
 
     Attributes:
-        shared: tokens every row starts with that sit before the padding (0 = plain left padding).
-        cached: of those, the tokens whose keys and values come from a kept entry.
-        past: the ``past_key_values`` to hand to ``generate`` (None when nothing is reused).
+        cached: per row, its leading tokens whose keys and values come from a kept prompt.
+        past: the ``past_key_values`` to hand to ``generate``: the kept keys and values, as wide
+            as the longest hit, or an empty cache for ``generate`` to fill.
         epoch: the cache's reset count when planned (a batch planned before a reset keeps nothing).
     """
 
-    shared: int
-    cached: int
-    past: Any = None
+    cached: tuple[int, ...]
+    past: Any
     epoch: int = 0
+
+    @property
+    def width(self) -> int:
+        """The cached zone at the start of every row (0 = plain left padding)."""
+        return max(self.cached, default=0)
 
 
 @dataclass
@@ -71,17 +76,16 @@ def _common(a: np.ndarray, b: np.ndarray) -> int:
     return int(differ[0]) if differ.size else n
 
 
-def shared_prefix(rows: Sequence[Sequence[int]]) -> int:
-    """How many leading tokens all ``rows`` have in common."""
-    first = np.asarray(rows[0], dtype=np.int64)
-    n = len(first)
-    for row in rows[1:]:
-        n = _common(first[:n], np.asarray(row, dtype=np.int64))
-    return n
+def layout(rows: Sequence[Sequence[int]], cached: Sequence[int]) -> tuple[int, list[list[int]]]:
+    """The padded width of a batch laid out for ``cached`` and, per row, the positions of its
+    prompt tokens in it (``[cached][padding][rest]``; plain left padding when nothing is cached)."""
+    head = max(cached, default=0)
+    width = head + max(len(row) - hit for row, hit in zip(rows, cached))
+    return width, [list(range(hit)) + list(range(width - len(row) + hit, width)) for row, hit in zip(rows, cached)]
 
 
 class PrefixCache:
-    """A byte-bounded LRU of prompt prefixes' keys and values for one model.
+    """A byte-bounded LRU of prompts' keys and values for one model.
 
     Used from the backend's one batch thread; :meth:`reset` and :meth:`stats` may be called
     from any thread.
@@ -89,7 +93,7 @@ class PrefixCache:
     Args:
         config: the model's config (its cache layout is built from it).
         max_bytes: most bytes of keys and values kept, on the model's device.
-        max_entries: most prefixes kept.
+        max_entries: most prompts kept.
     """
 
     def __init__(self, config: Any, *, max_bytes: int, max_entries: int = 64) -> None:
@@ -99,93 +103,118 @@ class PrefixCache:
         self._entries: OrderedDict[tuple[int, ...], _Entry] = OrderedDict()
         self._bytes = 0
         self._lock = threading.Lock()
-        self.hits = 0
-        self.lookups = 0
         self._epoch = 0
+        self.lookups = 0
+        self.hits = 0
 
     @staticmethod
-    def supports(config: Any) -> bool:
-        """Whether a model with this config keeps a plain key/value stack in every layer."""
+    def supports(model: Any) -> bool:
+        """Whether ``model`` keeps a plain key/value stack in every layer that ``generate`` will
+        take as ``past_key_values`` and compute on from."""
         from transformers import DynamicCache
         from transformers.cache_utils import DynamicLayer
 
+        default = getattr(type(model), "_supports_default_dynamic_cache", None)
+        if default is not None and not default():  # recurrent or custom caches (rwkv, xlnet, ...)
+            return False
+        generation = getattr(model, "generation_config", None)
+        # A model that asks for its own cache refuses ours; chunked prefill restarts at position 0.
+        if getattr(generation, "cache_implementation", None) or getattr(generation, "prefill_chunk_size", None):
+            return False
         try:
-            layers = DynamicCache(config=config).layers
+            layers = DynamicCache(config=model.config).layers
         except Exception:  # a model transformers builds no dynamic cache for
             return False
         return bool(layers) and all(type(layer) is DynamicLayer for layer in layers)
 
     # ------------------------------------------------------------------ a batch
     def plan(self, rows: Sequence[Sequence[int]]) -> PrefixPlan:
-        """The layout of a batch of prompts and the kept keys and values it can start from.
-
-        Every row keeps at least its last token to compute (``generate`` needs one to predict
-        the next).
-        """
-        shared = min(shared_prefix(rows), min(len(row) for row in rows) - 1)
-        if shared < MIN_TOKENS:
-            return PrefixPlan(0, 0)
-        head = np.asarray(rows[0][:shared], dtype=np.int64)
+        """Each row's longest kept prefix (at least its last token left to compute), and the
+        ``past_key_values`` that hold them."""
+        hits: list[tuple[_Entry | None, int]] = []
         with self._lock:
             epoch = self._epoch
-            self.lookups += 1
-            best, length = None, 0
-            for entry in self._entries.values():
-                n = _common(entry.array, head)
-                if n > length:
-                    best, length = entry, n
-            if best is None or length < MIN_TOKENS:
-                return PrefixPlan(shared, 0, epoch=epoch)
-            self._entries.move_to_end(best.tokens)
-            self.hits += 1
-        return PrefixPlan(shared, length, self._past(best, length, len(rows)), epoch)
+            self.lookups += len(rows)
+            for row in rows:
+                head = np.asarray(row[: len(row) - 1], dtype=np.int64)
+                best, length = None, 0
+                if len(head) >= MIN_TOKENS:
+                    for entry in self._entries.values():
+                        n = _common(entry.array, head)
+                        if n > length:
+                            best, length = entry, n
+                if best is None or length < MIN_TOKENS:
+                    hits.append((None, 0))
+                    continue
+                self._entries.move_to_end(best.tokens)
+                self.hits += 1
+                hits.append((best, length))
+        cached = tuple(length for _, length in hits)
+        return PrefixPlan(cached, self._past(hits), epoch)
 
-    def empty(self) -> Any:
-        """A fresh cache for ``generate`` to fill (so :meth:`store` can read it afterwards)."""
+    def _past(self, hits: list[tuple[_Entry | None, int]]) -> Any:
         from transformers import DynamicCache
 
-        return DynamicCache(config=self._config)
-
-    def _past(self, entry: _Entry, length: int, batch: int) -> Any:
-        past = self.empty()
-        for index, (keys, values) in enumerate(entry.layers):
-            # DynamicLayer.update concatenates onto an empty tensor: the expanded view is copied.
-            past.update(
-                keys[:, :, :length].expand(batch, -1, -1, -1),
-                values[:, :, :length].expand(batch, -1, -1, -1),
-                index,
-            )
+        past = DynamicCache(config=self._config)
+        width = max((length for _, length in hits), default=0)
+        if not width:
+            return past
+        first = next(entry for entry, _ in hits if entry is not None)
+        for index, (keys, values) in enumerate(first.layers):
+            batch_keys = keys.new_zeros((len(hits), keys.shape[1], width, keys.shape[3]))
+            batch_values = values.new_zeros((len(hits), values.shape[1], width, values.shape[3]))
+            for row, (entry, length) in enumerate(hits):
+                if entry is not None:
+                    # Zeros under the padding of shorter hits: the attention mask never reads them.
+                    batch_keys[row, :, :length] = entry.layers[index][0][0, :, :length]
+                    batch_values[row, :, :length] = entry.layers[index][1][0, :, :length]
+            past.update(batch_keys, batch_values, index)
         return past
 
-    def store(self, tokens: Sequence[int], past: Any, epoch: int | None = None) -> None:
-        """Keep the first ``len(tokens)`` positions of row 0 of ``past`` (a cache ``generate``
-        filled for a batch laid out by :meth:`plan`) as the entry for ``tokens``.
+    def store(self, rows: Sequence[Sequence[int]], plan: PrefixPlan, past: Any) -> None:
+        """Keep each row's prompt from ``past``, the cache ``generate`` filled for a batch laid out
+        as :func:`layout` says for ``plan``. Nothing is kept after a :meth:`reset` since the plan
+        (a caller that got its answer and reset the cache must not find its prompt kept)."""
+        layers = past.layers
+        if not layers or layers[0].keys is None:
+            return
+        per_token = sum(
+            layer.keys.shape[1] * layer.keys.shape[3] * layer.keys.element_size()
+            + layer.values.shape[1] * layer.values.shape[3] * layer.values.element_size()
+            for layer in layers
+        )
+        _, positions = layout(rows, plan.cached)
+        done: set[tuple[int, ...]] = set()
+        for row_index, row in enumerate(rows):
+            key = tuple(row)
+            if len(key) < MIN_TOKENS or key in done or len(key) * per_token > self.max_bytes:
+                continue
+            done.add(key)
+            with self._lock:
+                if plan.epoch != self._epoch or self._kept_within(key):
+                    continue
+            index = layers[0].keys.new_tensor(positions[row_index], dtype=_long())
+            kept = [
+                (layer.keys[row_index : row_index + 1].index_select(2, index),
+                 layer.values[row_index : row_index + 1].index_select(2, index))
+                for layer in layers
+            ]
+            self._keep(key, kept, len(key) * per_token, plan.epoch)
 
-        ``epoch`` is the plan's: after a :meth:`reset` since then, nothing is kept (a caller that
-        got its answer and reset the cache must not find that batch's prompt kept afterwards).
-        """
-        key = tuple(tokens)
-        if len(key) < MIN_TOKENS:
-            return
+    def _kept_within(self, key: tuple[int, ...]) -> bool:
+        """Whether ``key`` is kept already, alone or as the start of a longer prompt (lock held)."""
+        for kept in self._entries:
+            if len(kept) >= len(key) and kept[: len(key)] == key:
+                self._entries.move_to_end(kept)
+                return True
+        return False
+
+    def _keep(self, key: tuple[int, ...], layers: list[tuple[Any, Any]], nbytes: int, epoch: int) -> None:
         with self._lock:
-            if epoch is not None and epoch != self._epoch:
+            if epoch != self._epoch:
                 return
-            for kept in self._entries:
-                if kept[: len(key)] == key:  # already kept, or inside a longer entry
-                    self._entries.move_to_end(kept)
-                    return
-        layers = [
-            (layer.keys[:1, :, : len(key)].clone(), layer.values[:1, :, : len(key)].clone())
-            for layer in past.layers
-        ]
-        nbytes = sum(k.numel() * k.element_size() + v.numel() * v.element_size() for k, v in layers)
-        if nbytes > self.max_bytes:
-            return
-        with self._lock:
-            if epoch is not None and epoch != self._epoch:
-                return
-            for kept in [kept for kept in self._entries if key[: len(kept)] == kept]:
-                self._bytes -= self._entries.pop(kept).nbytes  # the new entry extends it
+            for kept in [kept for kept in self._entries if len(kept) < len(key) and key[: len(kept)] == kept]:
+                self._bytes -= self._entries.pop(kept).nbytes  # the new prompt extends it
             self._entries[key] = _Entry(key, np.asarray(key, dtype=np.int64), layers, nbytes)
             self._bytes += nbytes
             while self._bytes > self.max_bytes or len(self._entries) > self.max_entries:
@@ -194,14 +223,14 @@ class PrefixCache:
 
     # ------------------------------------------------------------------ management
     def reset(self) -> None:
-        """Forget every kept prefix."""
+        """Forget every kept prompt."""
         with self._lock:
             self._entries.clear()
             self._bytes = 0
             self._epoch += 1
 
     def stats(self) -> dict[str, int]:
-        """Entries, tokens and bytes kept; lookups and hits so far."""
+        """Entries, tokens and bytes kept; rows looked up and rows served so far."""
         with self._lock:
             return {
                 "entries": len(self._entries),
@@ -210,3 +239,9 @@ class PrefixCache:
                 "lookups": self.lookups,
                 "hits": self.hits,
             }
+
+
+def _long() -> Any:
+    import torch
+
+    return torch.long

@@ -42,7 +42,7 @@ from gpuprompt.llm.backends._guided import (
     constraints_to_check,
     decoding_constraint,
 )
-from gpuprompt.llm.backends._prefix_cache import PrefixCache
+from gpuprompt.llm.backends._prefix_cache import PrefixCache, layout
 
 __all__ = ["TransformersBackend"]
 
@@ -199,7 +199,7 @@ class TransformersBackend(Backend):
         embeddings = model.get_output_embeddings()
         self._vocab_size = int(embeddings.weight.shape[0]) if embeddings is not None else int(model.config.vocab_size)
         cfg = self.config
-        if cfg.enable_prefix_caching and PrefixCache.supports(model.config):
+        if cfg.enable_prefix_caching and PrefixCache.supports(model):
             # The same budget as vLLM's CPU KV cache: the memory the user gave to keys and values.
             self._prefixes = PrefixCache(model.config, max_bytes=int(cfg.kv_cache_space_gb * (1 << 30)))
         self._batcher = MicroBatcher(
@@ -374,22 +374,20 @@ class TransformersBackend(Backend):
         prompts = [job.prepared.token_ids for job in jobs]
         prefixes = self._prefixes
         plan = prefixes.plan(prompts) if prefixes is not None else None
-        shared = plan.shared if plan is not None else 0
-        # Left padding, or [shared prefix][padding][rest] when the rows share a prefix (see
-        # _prefix_cache): positions follow the attention mask, so each row computes as if alone.
-        width = max(len(p) for p in prompts)
+        cached = plan.cached if plan is not None else (0,) * len(prompts)
+        # [row's cached tokens][padding][rest] (see _prefix_cache; left padding when nothing is
+        # cached): positions follow the attention mask, so each row computes as if alone.
+        width, positions = layout(prompts, cached)
         input_ids = torch.full((len(prompts), width), self._pad, dtype=torch.long)
         attention = torch.zeros((len(prompts), width), dtype=torch.long)
-        for i, ids in enumerate(prompts):
-            input_ids[i, :shared] = torch.tensor(ids[:shared], dtype=torch.long)
-            input_ids[i, width - len(ids) + shared :] = torch.tensor(ids[shared:], dtype=torch.long)
-            attention[i, :shared] = 1
-            attention[i, width - len(ids) + shared :] = 1
-        cached = plan.cached if plan is not None else 0
+        for i, (ids, where) in enumerate(zip(prompts, positions)):
+            index = torch.tensor(where, dtype=torch.long)
+            input_ids[i, index] = torch.tensor(ids, dtype=torch.long)
+            attention[i, index] = 1
         rows = []
-        for job in jobs:
+        for job, hit in zip(jobs, cached):
             # a reply with tools has none here: the job matches them in its prose
-            rows.append(_Row(job, StopScanner(job.backend_stops), job.prepared.max_tokens, cached))
+            rows.append(_Row(job, StopScanner(job.backend_stops), job.prepared.max_tokens, hit))
         tracker = _RowTracker(rows, self._tokenizer, self._eos)
         # Greedy for generate itself: sampled rows are drawn by RowSampler, each with its own
         # settings and seed, so one batch holds any mix of sampling settings.
@@ -410,9 +408,7 @@ class TransformersBackend(Backend):
             processors.append(GuidedProcessor(rows, matchers, cache))
         if any(RowSampler.wanted(job.prepared.request) for job in jobs):
             processors.append(RowSampler(rows, self.device))  # last: it draws from the final logits
-        past = None
-        if plan is not None and shared:
-            past = plan.past if plan.past is not None else prefixes.empty()  # type: ignore[union-attr]
+        past = plan.past if plan is not None else None
         with torch.inference_mode():
             self._model.generate(
                 input_ids=input_ids.to(self.device),
@@ -422,9 +418,9 @@ class TransformersBackend(Backend):
                 stopping_criteria=StoppingCriteriaList([tracker]),
                 **({"past_key_values": past} if past is not None else {}),
             )
-            if past is not None and shared > cached:
+            if plan is not None:
                 try:
-                    prefixes.store(prompts[0][:shared], past, plan.epoch)  # type: ignore[union-attr]
+                    prefixes.store(prompts, plan, past)  # type: ignore[union-attr]
                 except torch.cuda.OutOfMemoryError:  # every row has its answer: keeping it is optional
                     prefixes.reset()  # type: ignore[union-attr]
                     torch.cuda.empty_cache()
