@@ -7,6 +7,9 @@ context window, computes them, and reports through the job: text pieces, then ex
 
 from __future__ import annotations
 
+import atexit
+import logging
+import weakref
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from typing import Any, ClassVar
@@ -15,6 +18,8 @@ from gpuprompt.llm._config import LLMConfig
 from gpuprompt.llm._job import Job
 
 __all__ = ["Backend"]
+
+logger = logging.getLogger(__name__)
 
 
 class Backend(ABC):
@@ -94,3 +99,23 @@ class Backend(ABC):
     @abstractmethod
     def close(self) -> None:
         """Stop serving: pending jobs fail with ``ClosedError``; release the model."""
+
+    def close_at_exit(self) -> None:
+        """Close this backend when the interpreter exits, if it is still alive then (held weakly).
+
+        A script that never closes its engine must still exit quietly: a batch thread left
+        running torch work while the interpreter tears down aborts the process (SIGABRT,
+        "terminate called without an active exception"), and vLLM's output handler must stop
+        before its engine core goes. Call it at the end of :meth:`start`, after the libraries'
+        own exit hooks are registered, so this one runs first.
+        """
+        atexit.register(_close_at_exit, weakref.ref(self))
+
+
+def _close_at_exit(ref: weakref.ref[Backend]) -> None:
+    backend = ref()
+    if backend is not None:
+        try:
+            backend.close()
+        except Exception:  # noqa: BLE001 - exit must go on
+            logger.debug("closing %r at exit failed", backend, exc_info=True)

@@ -216,6 +216,7 @@ class TransformersBackend(Backend):
             isolate_failures=False,
         )
         logger.info("transformers LLM backend loaded %s on %s (%s)", self.model_path, self.device, dtype)
+        self.close_at_exit()
 
     # ------------------------------------------------------------------ guided decoding
     def _grammar_cache(self) -> GrammarCache:

@@ -9,14 +9,12 @@ request inside vLLM.
 from __future__ import annotations
 
 import asyncio
-import atexit
 import importlib.util
 import itertools
 import logging
 import os
 import threading
 import time
-import weakref
 from typing import Any, ClassVar
 
 from gpuprompt.bridge import LoopThread
@@ -40,15 +38,6 @@ logger = logging.getLogger(__name__)
 _START_TIMEOUT_S = 1800.0
 _CLOSE_TIMEOUT_S = 60.0
 _FINISH_REASONS = {"stop": "stop", "length": "length", "abort": "abort"}
-
-
-def _close_at_exit(ref: weakref.ref[VLLMBackend]) -> None:
-    backend = ref()
-    if backend is not None:
-        try:
-            backend.close()
-        except Exception:  # noqa: BLE001 - exit must go on
-            logger.debug("vLLM close at exit failed", exc_info=True)
 
 
 def vllm_available() -> bool:
@@ -195,7 +184,7 @@ class VLLMBackend(Backend):
         )
         # Registered after vLLM's own exit hooks, so it runs before them: the output handler is
         # stopped before the engine core goes, and a script that never closes its engine exits quietly.
-        atexit.register(_close_at_exit, weakref.ref(self))
+        self.close_at_exit()
 
     def _stop_loop(self, cleanup: Any = None) -> None:
         if self._loop_thread is not None:
