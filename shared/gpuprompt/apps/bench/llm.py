@@ -5,12 +5,14 @@ cache on a long system prompt (``llm-prefix-cache``), in the same run."""
 from __future__ import annotations
 
 import asyncio
+import os
 import statistics
 import time
 from typing import Any
 
 from gpuprompt.apps.bench._load import in_thread
 from gpuprompt.apps.bench._registry import BenchContext, Chart, ScenarioResult, scenario
+from gpuprompt.errors import ConfigurationError
 
 __all__: list[str] = []
 
@@ -24,6 +26,9 @@ _TOPICS = [
     "the difference between linen and cotton shirts",
     "how to store leather boots over the summer",
 ]
+
+BACKEND_ENV = "GPUPROMPT_BENCH_LLM_BACKEND"
+"""``llm-prefix-cache``: the backend to measure (one per process); default vLLM when installed."""
 
 _BENCH_MAX_MODEL_LEN = 4096  # room for the ~1,800-token catalogue plus five turns
 
@@ -204,21 +209,23 @@ _QUESTIONS = [
 @scenario(
     "llm-prefix-cache",
     "A 5-turn support chat over a ~1,800-token catalogue system prompt: time to first token of turn 5 "
-    "with the engine's prefix cache warm vs after reset_prefix_cache(), on each backend installed, and the "
-    "stock ChatHuggingFace (one new token) on the same turn-5 prompt.",
+    "with the engine's prefix cache warm vs after reset_prefix_cache(), and the stock ChatHuggingFace "
+    "(one new token) on the same turn-5 prompt. The backend: vLLM when installed, else transformers; "
+    f"${BACKEND_ENV}=transformers (or vllm) picks one.",
 )
 def llm_prefix_cache(ctx: BenchContext) -> ScenarioResult:
     from gpuprompt.llm import GenerationRequest
 
-    backends = _backends()
-    engines = {backend: _engine(backend) for backend in backends}
-    main = "vllm" if "vllm" in engines else "transformers"
+    backend = os.environ.get(BACKEND_ENV) or ("vllm" if "vllm" in _backends() else "transformers")
+    if backend not in _backends():
+        raise ConfigurationError(f"${BACKEND_ENV} must be one of {_backends()} here (got {backend!r}).")
+    engine = _engine(backend)
     answer_tokens = 24
-    system = catalogue(1800, lambda text: engines[main].count_tokens(text))
+    system = catalogue(1800, lambda text: engine.count_tokens(text))
     stock = _stock_chat(1)
     run_id = iter(range(10**6))
 
-    def conversation(engine: Any, salt: str) -> tuple[list[dict[str, str]], Any]:
+    def conversation(salt: str) -> tuple[list[dict[str, str]], Any]:
         """Turns 1-4 answered by the engine, and the turn-5 request."""
         messages = [{"role": "system", "content": system}]
         for question in _QUESTIONS[:-1]:
@@ -228,59 +235,48 @@ def llm_prefix_cache(ctx: BenchContext) -> ScenarioResult:
         messages.append({"role": "user", "content": salt + _QUESTIONS[-1]})
         return messages, GenerationRequest(messages=messages, max_tokens=answer_tokens)
 
-    # One unmeasured session first: the engines' first long prompts pay one-off start-up costs.
-    for engine in engines.values():
-        _, first = conversation(engine, "(warm-up) ")
-        engine.generate([first])
+    # One unmeasured session first: the engine's first long prompts pay one-off start-up costs.
+    _, first = conversation("(warm-up) ")
+    engine.generate([first])
     in_thread(lambda: stock.invoke(_lc_messages([{"role": "system", "content": system}, {"role": "user", "content": "Hi"}])))
 
     def measure() -> dict[str, float]:
         salt = f"(session {next(run_id)}) "
-        figures: dict[str, float] = {}
-        for backend, engine in engines.items():
-            tag = "" if backend == main else f"{backend}_"
-            engine.reset_prefix_cache()
-            messages, turn5 = conversation(engine, salt)
-            [warm] = engine.generate([turn5])
-            engine.reset_prefix_cache()
-            [cold] = engine.generate([turn5])
-            figures.update({
-                f"{tag}prompt_tokens": float(warm.usage.prompt_tokens),
-                f"{tag}cached_tokens": float(warm.usage.cached_tokens),
-                f"{tag}warm_ttft_ms": warm.timings.ttft_s * 1000,
-                f"{tag}cold_ttft_ms": cold.timings.ttft_s * 1000,
-                f"{tag}warm_over_cold": warm.timings.ttft_s / cold.timings.ttft_s,
-            })
+        engine.reset_prefix_cache()
+        messages, turn5 = conversation(salt)
+        [warm] = engine.generate([turn5])
+        engine.reset_prefix_cache()
+        [cold] = engine.generate([turn5])
+        figures = {
+            "prompt_tokens": float(warm.usage.prompt_tokens),
+            "cached_tokens": float(warm.usage.cached_tokens),
+            "warm_ttft_ms": warm.timings.ttft_s * 1000,
+            "cold_ttft_ms": cold.timings.ttft_s * 1000,
+            "warm_over_cold": warm.timings.ttft_s / cold.timings.ttft_s,
+        }
         started = time.perf_counter()
         in_thread(lambda: stock.invoke(_lc_messages(messages)))
         figures["stock_ttft_ms"] = (time.perf_counter() - started) * 1000
         return figures
 
     metrics, runs = ctx.repeat(measure)
-    labels = ["stock ChatHuggingFace (1 token)"]
-    values = [metrics["stock_ttft_ms"]]
-    for backend in backends:
-        tag = "" if backend == main else f"{backend}_"
-        labels += [f"{backend}, prefix cache reset", f"{backend}, prefix cache warm"]
-        values += [metrics[f"{tag}cold_ttft_ms"], metrics[f"{tag}warm_ttft_ms"]]
+    labels = ["stock ChatHuggingFace (1 token)", "gpuprompt, prefix cache reset", "gpuprompt, prefix cache warm"]
+    values = [metrics["stock_ttft_ms"], metrics["cold_ttft_ms"], metrics["warm_ttft_ms"]]
     ratio = metrics["warm_over_cold"]
-    others = "".join(
-        f" {backend}: warm {metrics[f'{backend}_warm_ttft_ms']:.0f} ms / cold {metrics[f'{backend}_cold_ttft_ms']:.0f} ms "
-        f"({metrics[f'{backend}_warm_over_cold']:.3f}x)." for backend in backends if backend != main
-    )
     return ScenarioResult(
         metrics=metrics,
         runs=runs,
         goal="turn-5 time to first token with the prefix cache <= 0.15x the same turn after a cache reset",
         goal_met=ratio <= 0.15,
-        chart=Chart(kind="bar", title=f"Turn 5 of a chat over a {int(metrics['prompt_tokens'])}-token prompt",
+        chart=Chart(kind="bar", title=f"Turn 5 of a chat over a {int(metrics['prompt_tokens'])}-token prompt ({backend})",
                     ylabel="time to first token (ms)", labels=labels, values=values),
         ratio=1.0 / ratio,
-        ratio_label=f"turn-5 time to first token, cold / warm prefix cache ({main})",
+        ratio_label="turn-5 time to first token, cold / warm prefix cache",
         notes=(
-            f"Ratio and goal: {main}.{others} Each run is a new session (the questions carry a session tag), "
-            f"turns 1-4 are answered with {answer_tokens} new tokens, then turn 5 is timed with the cache as the "
-            "conversation left it and again right after reset_prefix_cache(). "
-            "The stock figure is ChatHuggingFace generating one token for the same turn-5 prompt."
+            f"Backend {backend}; each run is a new session (the questions carry a session tag), turns 1-4 are "
+            f"answered with {answer_tokens} new tokens, then turn 5 is timed with the cache as the conversation "
+            "left it and again right after reset_prefix_cache(). One backend per process (two LLM engines in one "
+            "process share its cores). "
+            + "The stock figure is ChatHuggingFace generating one token for the same turn-5 prompt."
         ),
     )
