@@ -136,8 +136,12 @@ def _bad_request(response: httpx.Response, param: str) -> dict[str, Any]:
 
 
 def _comparable(payload: dict[str, Any]) -> dict[str, Any]:
-    """A response body without the fields that differ from one request to the next."""
-    return {k: v for k, v in payload.items() if k not in ("id", "created")}
+    """A response body without the fields that differ from one request to the next (ids, times,
+    and the prompt tokens the prefix cache served, which depend on what ran before)."""
+    body = {k: v for k, v in payload.items() if k not in ("id", "created")}
+    if isinstance(body.get("usage"), dict):
+        body["usage"] = {k: v for k, v in body["usage"].items() if k != "prompt_tokens_details"}
+    return body
 
 
 # ---------------------------------------------------------------------------------------- schemas
