@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import functools
 import json
-import math
 import logging
+import math
 import threading
 from collections.abc import Mapping, Sequence
 from typing import Any

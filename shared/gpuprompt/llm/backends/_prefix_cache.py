@@ -175,6 +175,8 @@ class PrefixCache:
         """Keep each row's prompt from ``past``, the cache ``generate`` filled for a batch laid out
         as :func:`layout` says for ``plan``. Nothing is kept after a :meth:`reset` since the plan
         (a caller that got its answer and reset the cache must not find its prompt kept)."""
+        import torch
+
         layers = past.layers
         if not layers or layers[0].keys is None:
             return
@@ -193,7 +195,7 @@ class PrefixCache:
             with self._lock:
                 if plan.epoch != self._epoch or self._kept_within(key):
                     continue
-            index = layers[0].keys.new_tensor(positions[row_index], dtype=_long())
+            index = torch.tensor(positions[row_index], dtype=torch.long, device=layers[0].keys.device)
             kept = [
                 (layer.keys[row_index : row_index + 1].index_select(2, index),
                  layer.values[row_index : row_index + 1].index_select(2, index))
@@ -239,9 +241,3 @@ class PrefixCache:
                 "lookups": self.lookups,
                 "hits": self.hits,
             }
-
-
-def _long() -> Any:
-    import torch
-
-    return torch.long
