@@ -64,7 +64,7 @@ def test_our_server_alone_through_the_bench_client(tmp_path: Path, embedder) -> 
     assert "--chat-model" in server.command and server.command[server.command.index("--chat-model") + 1] == "none"
     server.start(timeout=600)
     try:
-        figures = asyncio.run(embed_peer._drive(server, 0, 64, 512, probe))
+        figures = asyncio.run(embed_peer._drive(server, 0, 64, embed_peer.BULK_BATCH, probe))
     finally:
         server.stop()
     assert server.process is not None and server.process.returncode == 0  # SIGTERM drained and exited 0
