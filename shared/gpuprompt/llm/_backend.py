@@ -8,7 +8,9 @@ context window, computes them, and reports through the job: text pieces, then ex
 from __future__ import annotations
 
 import atexit
+import contextlib
 import logging
+import sys
 import weakref
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
@@ -116,6 +118,28 @@ def _close_at_exit(ref: weakref.ref[Backend]) -> None:
     backend = ref()
     if backend is not None:
         try:
+            _mend_closed_log_streams()
             backend.close()
         except Exception:  # noqa: BLE001 - exit must go on
             logger.debug("closing %r at exit failed", backend, exc_info=True)
+
+
+_NO_LOCK = contextlib.nullcontext()
+
+
+def _mend_closed_log_streams() -> None:
+    """Point log handlers whose stream is already closed at the process's own stderr.
+
+    By exit time a test runner may have closed the stream a library's handler was given (pytest's
+    capture file): vLLM's shutdown lines would each print "--- Logging error --- ValueError: I/O
+    operation on closed file" with a traceback. They go to stderr, as in a plain script.
+    """
+    if sys.__stderr__ is None or sys.__stderr__.closed:
+        return
+    loggers = [logging.getLogger(), *(v for v in logging.Logger.manager.loggerDict.values()
+                                      if isinstance(v, logging.Logger))]
+    for log in loggers:
+        for handler in log.handlers:
+            if isinstance(handler, logging.StreamHandler) and getattr(handler.stream, "closed", False):
+                with handler.lock or _NO_LOCK:  # not setStream: it flushes the closed stream first
+                    handler.stream = sys.__stderr__
