@@ -46,9 +46,9 @@ callers) to 2.7x (bulk) fp32's speed.
 
 These speeds are for a CPU with VNNI (Intel with AMX), where onnxruntime's uint8 x int8 product is
 exact; on a 2-core AMD EPYC with AVX512-VNNI the recipe is 2.34x (32 callers) and 2.49x (bulk) fp32,
-same agreement (0.963). On x86 without VNNI (AVX2 only) that kernel saturates 16-bit lanes (top-10 agreement 0.920),
-so the weights are stored as uint8 there (:func:`gpuprompt._int8.weight_format`): exact, agreement
-0.959, but 1.3x (32 callers) and 1.2x (bulk) fp32 on a 2-core AMD EPYC.
+same agreement (0.963). On x86 without VNNI (AVX2 only) that kernel saturates 16-bit lanes (top-10
+agreement 0.920), so the weights are stored as uint8 there (:func:`gpuprompt._int8.weight_format`):
+exact, agreement 0.959, but 1.3x (32 callers) and 1.2x (bulk) fp32 on a 2-core AMD EPYC.
 
 With per-row scales a text's vector never depends on the batch it lands in: batched, concurrent
 and one-at-a-time vectors are bit-identical, as :class:`OnnxForward` relies on.

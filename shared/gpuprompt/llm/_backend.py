@@ -8,7 +8,6 @@ context window, computes them, and reports through the job: text pieces, then ex
 from __future__ import annotations
 
 import atexit
-import contextlib
 import logging
 import sys
 import weakref
@@ -124,9 +123,6 @@ def _close_at_exit(ref: weakref.ref[Backend]) -> None:
             logger.debug("closing %r at exit failed", backend, exc_info=True)
 
 
-_NO_LOCK = contextlib.nullcontext()
-
-
 def _mend_closed_log_streams() -> None:
     """Point log handlers whose stream is already closed at the process's own stderr.
 
@@ -141,5 +137,5 @@ def _mend_closed_log_streams() -> None:
     for log in loggers:
         for handler in log.handlers:
             if isinstance(handler, logging.StreamHandler) and getattr(handler.stream, "closed", False):
-                with handler.lock or _NO_LOCK:  # not setStream: it flushes the closed stream first
+                with handler.lock:  # not setStream: it flushes the closed stream first
                     handler.stream = sys.__stderr__
