@@ -143,6 +143,8 @@ class MicroBatcher(Generic[T, R]):
         max_queue: most items waiting; a further submit raises ``QueueFullError``.
         isolate_failures: bisect failing batches so one bad item fails alone.
         fatal: exception types that fail the whole batch without bisection.
+        on_idle: called on the worker thread each time the queue runs dry after work (not while
+            items wait), outside the lock; the embedder gives freed memory back to the OS there.
     """
 
     def __init__(
@@ -158,6 +160,7 @@ class MicroBatcher(Generic[T, R]):
         max_queue: int = 10_000,
         isolate_failures: bool = True,
         fatal: tuple[type[BaseException], ...] = (EngineDeadError, ClosedError),
+        on_idle: Callable[[], None] | None = None,
     ) -> None:
         check_int(max_batch_size, "max_batch_size", min=1, error=ConfigurationError)
         check_int(min_batch_size, "min_batch_size", min=1, max=max_batch_size, error=ConfigurationError)
@@ -170,8 +173,9 @@ class MicroBatcher(Generic[T, R]):
             raise ConfigurationError(f"'fatal' must be a tuple of exception classes (got {describe(fatal)}).")
         check_bool(isolate_failures, "isolate_failures", error=ConfigurationError)
         check_str(name, "name", error=ConfigurationError)
-        if not callable(fn) or (cost is not None and not callable(cost)):
-            raise ConfigurationError(f"'fn' and 'cost' must be callables (got {describe(fn)}, {describe(cost)}).")
+        if not callable(fn) or (cost is not None and not callable(cost)) or (on_idle is not None and not callable(on_idle)):
+            raise ConfigurationError(f"'fn', 'cost' and 'on_idle' must be callables (got {describe(fn)}, "
+                                     f"{describe(cost)}, {describe(on_idle)}).")
         self._fn = fn
         self.name = name
         self.max_batch_size = max_batch_size
@@ -182,6 +186,7 @@ class MicroBatcher(Generic[T, R]):
         self.max_queue = max_queue
         self._isolate = isolate_failures
         self._fatal = fatal
+        self._on_idle = on_idle
         self._cond = threading.Condition(threading.RLock())
         self._heap: list[_Entry[T]] = []
         self._live = 0
@@ -342,6 +347,7 @@ class MicroBatcher(Generic[T, R]):
     def _loop(self) -> None:
         freed_at: float | None = None  # when the last batch ended; None while idle
         while True:
+            idle = False
             with self._cond:
                 while not self._closed:
                     if (
@@ -358,13 +364,20 @@ class MicroBatcher(Generic[T, R]):
                             continue
                     if self._live > 0:
                         break
-                    freed_at = None  # nothing queued: idle, the next item goes at once
                     self._busy = False
+                    if freed_at is not None and self._on_idle is not None:
+                        idle = True  # work just ran out: the hook runs once, outside the lock
+                        break
+                    freed_at = None  # nothing queued: idle, the next item goes at once
                     self._cond.wait()
                 if self._closed:
                     return
-                batch = self._take()
+                batch = [] if idle else self._take()
                 self._busy = bool(batch)
+            if idle:
+                freed_at = None
+                self._idle()
+                continue
             if not batch:
                 continue
             try:
@@ -373,6 +386,13 @@ class MicroBatcher(Generic[T, R]):
                 logger.exception("MicroBatcher %r worker error", self.name)
                 self._fail(batch, exc)
             freed_at = time.perf_counter()
+
+    def _idle(self) -> None:
+        assert self._on_idle is not None
+        try:
+            self._on_idle()
+        except Exception:  # noqa: BLE001 - a failing hook never stops the worker
+            logger.exception("MicroBatcher %r on_idle hook failed", self.name)
 
     def _dispatch(self, batch: list[_Entry[T]]) -> None:
         started = time.perf_counter()

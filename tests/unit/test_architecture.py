@@ -4,6 +4,7 @@ functions, under TYPE_CHECKING, and the lazy export tables of the package faces)
 Floors, from the ground up (a module imports only its own floor or below)::
 
     kernel       errors validation bridge device models batching _tokens _version _corpus _lazy _int8 _loaded _bf16
+                 _memory
     values       the plain data types of the components (index._types, llm._types, ...) and the filter language
     contracts    protocols (what a surface may call), wire (the HTTP contract), _http (the one HTTP client)
     components   embed/ rerank/ index/ llm/ context/ answer_cache: each imports no other component
@@ -30,7 +31,7 @@ PACKAGES = {
 MAX_LINES = 650
 
 KERNEL = {"errors", "validation", "bridge", "device", "models", "batching", "_tokens", "_version", "_corpus", "_lazy",
-          "_int8", "_loaded", "_bf16"}
+          "_int8", "_loaded", "_bf16", "_memory"}
 VALUES = {"index._types", "index.filters", "llm._types", "llm._tools", "context._types", "rerank._types",
           "index._lexical_text"}
 CONTRACTS = {"protocols", "wire", "_http"}

@@ -271,3 +271,58 @@ def test_min_batch_size_gathers_a_short_queue_after_a_batch_within_the_window() 
 def test_bad_configuration(kwargs: dict, message: str) -> None:
     with pytest.raises(ConfigurationError, match=message):
         MicroBatcher(lambda xs: xs, **kwargs)
+
+
+def test_on_idle_runs_once_each_time_the_queue_runs_dry_never_while_items_wait() -> None:
+    gate = Gate()
+    seen: list[int] = []
+    idle = threading.Event()
+    batcher: MicroBatcher[int, int]
+
+    def on_idle() -> None:
+        seen.append(batcher.stats().queue_depth)
+        idle.set()
+
+    batcher = MicroBatcher(gate, max_batch_size=2, max_wait_ms=0, on_idle=on_idle)
+    try:
+        first = _hold(batcher, gate)
+        futures = [batcher.submit(i) for i in range(5)]  # three more batches queue behind the first
+        gate.open.set()
+        assert [f.result(5) for f in futures] == [0, 2, 4, 6, 8] and first.result(5) == -2
+        assert idle.wait(5)
+        time.sleep(0.05)  # an idle worker does not call it again
+        assert seen == [0] and len(gate.batches) == 4
+        idle.clear()
+        assert batcher.submit(7).result(5) == 14
+        assert idle.wait(5) and seen == [0, 0]
+    finally:
+        batcher.close()
+
+
+def test_a_failing_on_idle_hook_never_stops_the_worker() -> None:
+    def broken() -> None:
+        raise RuntimeError("hook")
+
+    batcher = MicroBatcher(lambda xs: xs, on_idle=broken)
+    try:
+        for i in range(3):
+            assert batcher.submit(i).result(5) == i
+    finally:
+        batcher.close()
+    with pytest.raises(ConfigurationError, match="on_idle"):
+        MicroBatcher(lambda xs: xs, on_idle="not callable")  # type: ignore[arg-type]
+
+
+def test_heap_trim_returns_memory_only_after_enough_work() -> None:
+    from gpuprompt._memory import HeapTrim, release_free_memory
+
+    calls: list[int] = []
+    trim = HeapTrim(threshold=100, release=lambda: calls.append(1) or True)
+    trim.add(60)
+    trim()
+    assert calls == []  # small work: no trim
+    trim.add(60)
+    trim()
+    trim()
+    assert calls == [1] and trim.trims == 1  # once per threshold of work
+    assert isinstance(release_free_memory(), bool)  # glibc here: True; elsewhere a no-op
