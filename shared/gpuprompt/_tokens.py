@@ -10,6 +10,10 @@ That shortcut is only taken where it is exact: at load, :meth:`Tokens.verify` co
 with the model's own ``preprocess`` on probe texts (empty, padded with spaces, over-long, accented,
 mixed case, several lines); any difference, a slow tokenizer or a model that is not a plain
 transformer keeps ``preprocess``. Vectors are the same either way.
+
+A fast tokenizer reads a whole text before it truncates it: one 8 MB string took seconds, on
+whichever thread counted it. :meth:`Tokens.bounded` reads a long text from a prefix instead, where
+that is exact (see there), so a text's cost is bounded by the model's max length, not by its size.
 """
 
 from __future__ import annotations
@@ -33,8 +37,19 @@ _PROBES = (
     "several\nlines\tand\ttabs",
     "emoji 🙂 and CJK 東京",
     "a long text " * 300,  # past any max_seq_length: exercises truncation
+    "a much longer text " * 2000,  # read from a prefix (Tokens.bounded)
 )
 _TOKEN_KEYS = ("input_ids", "attention_mask", "token_type_ids")
+_CHARS_PER_TOKEN = 16
+"""A text longer than ``max_length`` times this many characters is read from a prefix (:meth:`Tokens.bounded`)."""
+_MARGIN = 8
+"""Tokens a prefix must hold past ``max_length`` before it stands for the whole text."""
+_SPACES = (" ", "\n", "\t", "\r")
+_CUT_PROBES = (
+    "a long text " * 2000,
+    "Mixed CASE, punctuation!? and digits 12345; accents: naïve café — “quotes” emoji 🙂 and CJK 東京\n" * 400,
+    "several\nlines\tand\ttabs " * 3000,
+)
 
 
 @dataclass(frozen=True)
@@ -75,6 +90,8 @@ class Tokens:
             self._truncating = copy.deepcopy(backend)
             self._truncating.no_padding()
             self._truncating.enable_truncation(max_length, strategy="longest_first")
+        self._cut_at = max(4096, max_length * _CHARS_PER_TOKEN)
+        self._cuts = self._truncating is not None and self._prefix_is_exact()
         self._pad_id = int(getattr(tokenizer, "pad_token_id", None) or 0)
         self._right = getattr(tokenizer, "padding_side", "right") == "right"
         self._extras: dict[str, Any] | None = None  # set by verify(): the shortcut is on
@@ -84,6 +101,71 @@ class Tokens:
         """Whether :meth:`encode` keeps ids for :meth:`features` (set by :meth:`verify`)."""
         return self._extras is not None
 
+    def bounded(self, texts: list[str]) -> list[str]:
+        """``texts``, each very long one replaced by a prefix that the model reads as the same tokens.
+
+        A prefix that ends just before a whitespace character splits into the same words as the
+        whole text up to there (every tokenizer here splits words at whitespace), so its tokens are
+        the first tokens of the whole text. When it holds more than ``max_length`` of them, the
+        truncated encoding, the count capped at ``max_length`` and the truncation flag are those of
+        the whole text. A text with no whitespace near the cut, or whose prefix is too short (long
+        runs of spaces), is read whole. Checked at load on long probe texts (:meth:`_prefix_is_exact`);
+        off where a probe differs.
+        """
+        if not self._cuts:
+            return texts
+        prefixes = {i: self._prefix(text) for i, text in enumerate(texts) if len(text) > self._cut_at}
+        prefixes = {i: prefix for i, prefix in prefixes.items() if prefix is not None}
+        if not prefixes:
+            return texts
+        out = list(texts)
+        for i, n in zip(prefixes, self.count(list(prefixes.values()))):
+            if n > self.max_length + _MARGIN:
+                out[i] = prefixes[i]
+        return out
+
+    def bounded_pairs(self, pairs: list[tuple[str, str]]) -> list[tuple[str, str]]:
+        """``pairs`` (query, document), a very long text of a pair read from a prefix where the pair's
+        truncated encoding stays the same (:meth:`bounded`).
+
+        Cutting a pair's texts to ``max_length`` together (``longest_first``) depends on their
+        lengths only through the shorter one and which one is longer, so one text is cut when the
+        other is short enough to read whole and its prefix stays the longer of the two. A pair of two
+        very long texts is read whole.
+        """
+        if not self._cuts or all(len(q) <= self._cut_at and len(d) <= self._cut_at for q, d in pairs):
+            return pairs
+        out = list(pairs)
+        for i, (query, document) in enumerate(pairs):
+            long_query, long_document = len(query) > self._cut_at, len(document) > self._cut_at
+            if long_query == long_document:
+                continue
+            short = document if long_query else query
+            [bounded] = self.bounded([query if long_query else document])
+            if len(bounded) == len(query if long_query else document):
+                continue
+            cut, other = self.count([bounded, short])
+            if cut > other + _MARGIN:  # the prefix is still the longer text, by a margin
+                out[i] = (bounded, document) if long_query else (query, bounded)
+        return out
+
+    def _prefix(self, text: str) -> str | None:
+        end = max(text.rfind(space, self._cut_at // 2, self._cut_at) for space in _SPACES)
+        return text[:end] if end > 0 else None
+
+    def _prefix_is_exact(self) -> bool:
+        """Whether every long probe's prefix encodes (truncated) exactly as the whole probe."""
+        assert self._truncating is not None
+        for probe in _CUT_PROBES:
+            prefix = self._prefix(probe)
+            if prefix is None:
+                continue
+            whole, cut = self._truncating.encode_batch([probe, prefix], add_special_tokens=True)
+            if whole.ids != cut.ids or whole.type_ids != cut.type_ids or bool(whole.overflowing) != bool(cut.overflowing):
+                logger.info("embedder: a long text's prefix tokenises differently; long texts are read whole")
+                return False
+        return True
+
     def count(self, texts: list[str]) -> list[int]:
         """Each text's token count, special tokens included, not truncated."""
         if self._counter is not None:
@@ -91,8 +173,13 @@ class Tokens:
         encoded = self._tokenizer(texts, add_special_tokens=True, truncation=False, verbose=False)["input_ids"]
         return [len(ids) for ids in encoded]
 
+    def capped(self, texts: list[str]) -> list[int]:
+        """Each text's token count, special tokens included, capped at ``max_length``."""
+        return [min(n, self.max_length) for n in self.count(self.bounded(texts))]
+
     def encode(self, texts: list[str]) -> list[Encoded]:
         """Each text's capped count and truncation flag, plus its ids when the shortcut is on."""
+        texts = self.bounded(texts)
         if not self.pretokenizes:
             return [Encoded(min(n, self.max_length), n > self.max_length) for n in self.count(texts)]
         assert self._truncating is not None

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from gpuprompt.device import check_device, default_dtype, resolve_device
 from gpuprompt.errors import ClosedError, ConfigurationError
+from gpuprompt.validation import check_options
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -136,9 +137,7 @@ class Runtime:
         """
         from gpuprompt.llm import LLMConfig, LLMEngine
 
-        unknown = sorted(set(options) - set(LLMConfig.option_names()))
-        if unknown:
-            raise ConfigurationError(f"unknown LLM option(s) {unknown}; valid options: {LLMConfig.option_names()}.")
+        check_options("LLM", options, LLMConfig.option_names())
         config = LLMConfig(model=model, **options)
         if config.device == "auto" and self._device_request != "auto":
             # Resolution is left to the first use: asking for a component loads nothing.

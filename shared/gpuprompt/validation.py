@@ -514,3 +514,26 @@ def _range_phrase(low: float | None, high: float | None) -> str:
 
 def _int_phrase(low: int | None, high: int | None, allow_none: bool) -> str:
     return "an int" + _range_phrase(low, high) + (" or None" if allow_none else "")
+
+
+def check_options(owner: str, options: Mapping[str, Any], valid: Iterable[str], *, remote: str | None = None) -> None:
+    """Refuse options that ``owner`` does not take, naming them and the valid ones.
+
+    Args:
+        owner: the class named in the message (``"Reranker"``).
+        options: the keyword options given.
+        valid: the option names it takes.
+        remote: where its remote twin is (``"gpuprompt.connect(url).reranker()"``), named when the
+            options ask for a server (``base_url``, ``api_key``): the core classes run the model here.
+
+    Raises:
+        ConfigurationError: an unknown option.
+    """
+    valid = sorted(valid)
+    unknown = sorted(set(options) - set(valid))
+    if not unknown:
+        return
+    hint = ""
+    if remote is not None and {"base_url", "api_key"} & set(unknown):
+        hint = f" {owner} runs its model in this process; for a running gpuprompt serve, use {remote}."
+    raise ConfigurationError(f"unknown {owner} option(s) {unknown}; valid options: {valid}.{hint}")

@@ -108,3 +108,26 @@ def test_closed_engine_is_503(tiny, tiny_engine) -> None:
     error = response.json()["error"]
     assert error["code"] == "unavailable"
     assert "closed" in error["message"]
+
+
+def test_an_embedding_client_that_goes_away_takes_its_texts_out_of_the_queue(server_llm) -> None:
+    """The openai SDK retries a request it timed out on: the abandoned one must not keep the
+    embedder busy (its queued texts are cancelled, never computed)."""
+    from gpuprompt import Embedder
+    from gpuprompt._corpus import prose_paragraphs
+
+    embedder = Embedder(device="cpu", batch_size=4, cache_size=0).load()  # small batches: a long queue
+    server = start_server(embedder=embedder, llm=server_llm)
+    try:
+        texts = [f"{i}: {p}" for i, p in enumerate(prose_paragraphs()[:256])]
+        with server.client(timeout=httpx.Timeout(30.0, read=0.3)) as http:
+            with pytest.raises(httpx.ReadTimeout):
+                http.post("/v1/embeddings", json={"input": texts})
+        assert wait_until(lambda: embedder.stats().batcher.cancelled > 0)
+        assert wait_until(lambda: embedder.stats().batcher.queue_depth == 0)
+        assert embedder.stats().batcher.items < len(texts)
+        with server.client() as http:  # the server goes on serving
+            assert http.post("/v1/embeddings", json={"input": "still here"}).status_code == 200
+    finally:
+        server.stop()
+        embedder.close()

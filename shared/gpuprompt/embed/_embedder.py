@@ -23,6 +23,7 @@ import numpy as np
 from gpuprompt._bf16 import pack_for_cpu_bf16
 from gpuprompt._int8 import SlicedSession
 from gpuprompt._loaded import LoadedModel, onnx_on_device_error
+from gpuprompt._memory import HeapTrim
 from gpuprompt._tokens import Encoded, Tokens
 from gpuprompt.batching import MicroBatcher, check_priority
 from gpuprompt.device import default_dtype, resolve_device
@@ -31,6 +32,7 @@ from gpuprompt.embed._config import EmbedderConfig, EmbedderStats, validate_text
 from gpuprompt.embed._guard import QualityReport
 from gpuprompt.errors import ClosedError, ConfigurationError, DependencyError, DeviceOutOfMemoryError, ModelLoadError
 from gpuprompt.models import BUNDLED_EMBEDDING_MODEL, resolve_embedding_model
+from gpuprompt.validation import check_options
 
 if TYPE_CHECKING:
     import torch
@@ -40,6 +42,12 @@ __all__ = ["Embedder"]
 logger = logging.getLogger(__name__)
 
 _ASYNC_INLINE_LIMIT = 64  # aembed prepares at most this many texts on the loop thread
+_ASYNC_INLINE_CHARS = 65_536  # ... and at most this many characters (hashing, reading long texts' prefixes)
+
+
+def _inline(texts: list[str]) -> bool:
+    """Whether the loop thread may prepare ``texts`` itself (quick: few, short texts)."""
+    return len(texts) <= _ASYNC_INLINE_LIMIT and sum(map(len, texts)) <= _ASYNC_INLINE_CHARS
 
 
 @dataclass
@@ -92,10 +100,8 @@ class Embedder(LoadedModel):
         if config is not None and (model is not None or options):
             raise ConfigurationError("pass either 'config' or individual options to Embedder, not both.")
         if config is None:
-            valid = {f.name for f in dataclasses.fields(EmbedderConfig)} - {"model"}
-            unknown = sorted(set(options) - valid)
-            if unknown:
-                raise ConfigurationError(f"unknown Embedder option(s) {unknown}; valid options: {sorted(valid)}.")
+            check_options("Embedder", options, {f.name for f in dataclasses.fields(EmbedderConfig)} - {"model"},
+                          remote="gpuprompt.connect(base_url).embedder() (a RemoteEmbedder)")
             config = EmbedderConfig(model=model, **options)
         self.config = config
         self._load_lock = threading.Lock()
@@ -105,6 +111,7 @@ class Embedder(LoadedModel):
         self._quality: QualityReport | None = None
         self._counter: Any = None
         self._counter_lock = threading.Lock()
+        self._trim = HeapTrim()
         self._batcher: MicroBatcher[_Item, Any] | None = None
         self._cache: EmbeddingCache | None = None
         self._device: str | None = None
@@ -194,6 +201,7 @@ class Embedder(LoadedModel):
                 max_wait_ms=self.config.max_wait_ms,
                 min_batch_size=self.config.min_batch_size,
                 max_queue=self.config.max_queue,
+                on_idle=self._trim,  # big batches' memory back to the OS once the queue runs dry
             )
             self._forward, self._quantization, self._quality = forward, quantization, quality
             self._backend = "onnx" if isinstance(forward, SlicedSession) else "torch"
@@ -263,6 +271,7 @@ class Embedder(LoadedModel):
     def _run_batch(self, items: list[_Item]) -> list[Any]:
         import torch
 
+        self._trim.add(sum(item.tokens for item in items))
         texts = [item.text for item in items]
         try:
             with torch.inference_mode():
@@ -293,17 +302,29 @@ class Embedder(LoadedModel):
         digest.update(text.encode("utf-8", "surrogatepass"))
         return digest.digest()
 
-    def _count_tokens(self, texts: list[str]) -> list[int]:
+    def _count_tokens(self, texts: list[str], truncate: bool, *, wait: bool = True) -> list[int] | None:
+        """Counts (capped at the max length with ``truncate``), or None when ``wait`` is False and
+        another thread holds the tokenizer."""
         # The worker thread tokenises with the model's tokenizer; callers count with a private copy
         # (a fast tokenizer is not safe to share between threads that change its settings).
-        with self._counter_lock:
-            return self._counter.count(texts)
+        if not self._counter_lock.acquire(blocking=wait):
+            return None
+        try:
+            return self._counter.capped(texts) if truncate else self._counter.count(texts)
+        finally:
+            self._counter_lock.release()
 
-    def _encode(self, texts: list[str]) -> list[Encoded]:
-        with self._counter_lock:
+    def _encode(self, texts: list[str], *, wait: bool = True) -> list[Encoded] | None:
+        if not self._counter_lock.acquire(blocking=wait):
+            return None
+        try:
             return self._counter.encode(texts)
+        finally:
+            self._counter_lock.release()
 
-    def _prepare(self, texts: list[str], priority: int) -> _Plan:
+    def _prepare(self, texts: list[str], priority: int, *, wait: bool = True) -> _Plan | None:
+        """Look ``texts`` up in the cache and queue the rest; None (nothing queued) when ``wait`` is
+        False and another thread holds the tokenizer."""
         batcher, cache = self._batcher, self._cache
         if batcher is None or cache is None:
             raise ClosedError("this Embedder was closed; create a new one.")
@@ -318,7 +339,9 @@ class Embedder(LoadedModel):
         miss_texts = list(unique.values())
         futures: list[Future] = []
         if miss_texts:
-            encoded = self._encode(miss_texts)
+            encoded = self._encode(miss_texts, wait=wait)
+            if encoded is None:
+                return None
             truncated = sum(1 for item in encoded if item.truncated)
             # Length-sorted submission: bulk calls form batches of similar length (less padding).
             order = sorted(range(len(miss_texts)), key=lambda i: -encoded[i].tokens)
@@ -370,11 +393,26 @@ class Embedder(LoadedModel):
         self.load()
         if not texts:
             return []
-        counts = self._count_tokens(texts)
-        if not truncate:
-            return counts
-        assert self._max_length is not None
-        return [min(n, self._max_length) for n in counts]
+        counts = self._count_tokens(texts, truncate)
+        assert counts is not None
+        return counts
+
+    async def acount_tokens(self, texts: Sequence[str], *, truncate: bool = True) -> list[int]:
+        """Async :meth:`count_tokens`: counts on the loop thread only when that is quick (a few
+        short texts, the tokenizer free), else on a worker thread.
+
+        Raises:
+            InputTypeError: ``texts`` is not a list of str.
+        """
+        texts = validate_texts(texts)
+        await self.aload()
+        if not texts:
+            return []
+        if _inline(texts):
+            counts = self._count_tokens(texts, truncate, wait=False)
+            if counts is not None:
+                return counts
+        return await asyncio.to_thread(self.count_tokens, texts, truncate=truncate)
 
     def embed_tensor(self, texts: Sequence[str], *, priority: int = 0, show_progress: bool | None = None) -> torch.Tensor:
         """Embed ``texts`` and keep the result on the device.
@@ -399,6 +437,7 @@ class Embedder(LoadedModel):
 
             return torch.empty((0, self.dim), dtype=torch.float32, device=self._device)
         plan = self._prepare(texts, priority)
+        assert plan is not None  # waits for the tokenizer
         futures = plan.futures
         progress = self.config.show_progress if show_progress is None else show_progress
         try:
@@ -445,7 +484,10 @@ class Embedder(LoadedModel):
         await self.aload()
         if not texts:
             return await asyncio.to_thread(self.embed_tensor, [])
-        if len(texts) > _ASYNC_INLINE_LIMIT:
+        # On the loop only when quick: few short texts, and no other thread tokenising (waiting
+        # for it would stall every request on the loop).
+        plan = self._prepare(texts, priority, wait=False) if _inline(texts) else None
+        if plan is None:
             preparing = asyncio.ensure_future(asyncio.to_thread(self._prepare, texts, priority))
             try:
                 plan = await asyncio.shield(preparing)
@@ -453,8 +495,7 @@ class Embedder(LoadedModel):
                 # The thread finishes preparing anyway: cancel what it queued as soon as it is done.
                 preparing.add_done_callback(_cancel_plan)
                 raise
-        else:
-            plan = self._prepare(texts, priority)
+            assert plan is not None
         waiting = [asyncio.wrap_future(future) for future in plan.futures]
         try:
             rows = list(await asyncio.gather(*waiting))

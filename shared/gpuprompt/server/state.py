@@ -4,7 +4,6 @@ route by the :data:`State` dependency."""
 
 from __future__ import annotations
 
-import asyncio
 import time
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -26,7 +25,6 @@ if TYPE_CHECKING:
 
 __all__ = ["State", "ServerState", "server_state"]
 
-_INLINE_TOKEN_COUNT = 64  # count tokens on the loop thread only for this many texts
 
 
 class ServerState:
@@ -135,10 +133,9 @@ class ServerState:
         )
 
     async def count_tokens(self, texts: list[str]) -> list[int]:
-        """Token counts of texts under the embedder's tokenizer, off the loop for big requests."""
-        if len(texts) > _INLINE_TOKEN_COUNT:
-            return await asyncio.to_thread(self.embedder.count_tokens, texts)
-        return self.embedder.count_tokens(texts)
+        """Token counts of texts under the embedder's tokenizer (capped at its max length), off the
+        loop unless quick."""
+        return await self.embedder.acount_tokens(texts)
 
 
 def server_state(request: Request) -> ServerState:

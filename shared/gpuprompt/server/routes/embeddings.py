@@ -6,10 +6,10 @@ import asyncio
 import functools
 import time
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
-from gpuprompt.server._http import json_response
+from gpuprompt.server._http import json_response, until_disconnect
 from gpuprompt.server._token_ids import decode_token_ids
 from gpuprompt.server.errors import ApiError
 from gpuprompt.server.schemas.base import UsageModel
@@ -23,8 +23,9 @@ router = APIRouter()
 
 
 @router.post(V1 + EMBEDDINGS, response_model=EmbeddingResponse, tags=["openai"])
-async def embeddings(server: State, body: EmbeddingRequest) -> Response:
-    """Embed a text or a list of texts (batched with every concurrent request)."""
+async def embeddings(server: State, body: EmbeddingRequest, request: Request) -> Response:
+    """Embed a text or a list of texts (batched with every concurrent request). A client that goes
+    away takes its texts that are still queued out of the queue."""
     server.check_model(body.model, server.embedder.model_id, "embedding")
     texts = [body.input] if isinstance(body.input, str) else body.input
     if any(not isinstance(t, str) for t in texts):
@@ -44,7 +45,9 @@ async def embeddings(server: State, body: EmbeddingRequest) -> Response:
                 code="invalid_value",
             )
     started = time.perf_counter()
-    vectors = await server.embedder.aembed(texts)
+    vectors = await until_disconnect(request, server.embedder.aembed(texts))
+    if isinstance(vectors, Response):
+        return vectors  # the client went away (nobody reads it)
     server.metrics.embedding_latency.observe(time.perf_counter() - started)
     server.metrics.embedding_inputs.observe(len(texts))
     tokens = sum(await server.count_tokens(texts))
