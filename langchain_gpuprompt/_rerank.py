@@ -15,7 +15,7 @@ from langchain_core.callbacks import Callbacks
 from langchain_core.documents import BaseDocumentCompressor, Document
 from pydantic import ConfigDict, Field, PrivateAttr, SecretStr, ValidationError
 
-from gpuprompt.errors import InputTypeError, describe
+from gpuprompt.errors import ConfigurationError, InputTypeError, describe
 from gpuprompt.rerank import RerankerConfig, check_top_n
 from gpuprompt.runtime import connect
 from gpuprompt.validation import configuration_error
@@ -107,11 +107,11 @@ class GPUPromptReranker(BaseDocumentCompressor):
     _reranker: RerankerLike | None = PrivateAttr(default=None)
 
     def __init__(self, **data: Any) -> None:
+        check_top_n(data.get("top_n"), error=ConfigurationError)  # before pydantic would read True as 1
         try:
             super().__init__(**data)
         except ValidationError as exc:  # a field of the wrong type: our typed error, naming it
             raise configuration_error(exc, "GPUPromptReranker") from exc
-        check_top_n(self.top_n)
         local = {name: (getattr(self, name), getattr(_CORE, name)) for name in ("device", "max_length", "dtype",
                                                                               "quantize", "backend", "batch_size")}
         self._runtime = connect(self.base_url, api_key=self.api_key, timeout=self.timeout, owner="GPUPromptReranker",

@@ -15,7 +15,7 @@ from llama_index.core.callbacks import CBEventType, EventPayload
 from llama_index.core.postprocessor.types import BaseNodePostprocessor
 from llama_index.core.schema import MetadataMode, NodeWithScore, QueryBundle
 
-from gpuprompt.errors import InputTypeError, InvalidInputError, describe
+from gpuprompt.errors import ConfigurationError, InputTypeError, InvalidInputError, describe
 from gpuprompt.rerank import RerankerConfig, check_top_n
 from gpuprompt.runtime import connect
 from gpuprompt.validation import configuration_error
@@ -79,16 +79,11 @@ class GPUPromptRerank(BaseNodePostprocessor):
     _reranker: RerankerLike | None = PrivateAttr(default=None)
 
     def __init__(self, **kwargs: Any) -> None:
+        check_top_n(kwargs.get("top_n"), error=ConfigurationError)  # before pydantic would read True as 1
         try:
             super().__init__(**kwargs)
         except ValidationError as exc:
             raise configuration_error(exc, "GPUPromptRerank") from exc
-        try:
-            check_top_n(self.top_n)
-        except (InputTypeError, InvalidInputError) as exc:
-            from gpuprompt.errors import ConfigurationError
-
-            raise ConfigurationError(str(exc)) from None
         local = {"device": (self.device, "auto"), "max_length": (self.max_length, _LLAMA_MAX_LENGTH),
                  "dtype": (self.dtype, None), "quantize": (self.quantize, None),
                  "backend": (self.backend, "torch")}

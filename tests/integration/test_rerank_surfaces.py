@@ -77,10 +77,10 @@ def test_langchain_bad_input_and_settings(cross_encoder_path: str) -> None:
 
     from langchain_gpuprompt import GPUPromptReranker
 
-    with pytest.raises(InvalidInputError, match="top_n"):
-        GPUPromptReranker(model=cross_encoder_path, top_n=0)
-    with pytest.raises(ConfigurationError):
-        GPUPromptReranker(model=cross_encoder_path, top_n="three")
+    # A setting refused as a setting, before pydantic would read True as 1 or "3" as 3.
+    for top_n in (0, "three", "3", True, 2.0):
+        with pytest.raises(ConfigurationError, match="top_n"):
+            GPUPromptReranker(model=cross_encoder_path, top_n=top_n)
     with pytest.raises(ConfigurationError, match="batch"):
         GPUPromptReranker(model=cross_encoder_path, batch_size=0)
     reranker = GPUPromptReranker(model=cross_encoder_path, device="cpu")
@@ -108,6 +108,9 @@ def test_llamaindex_order_equals_sentence_transformer_rerank(cross_encoder_path:
     assert [n.node.id_ for n in got] == [n.node.id_ for n in expected]
     np.testing.assert_allclose([n.score for n in got], [n.score for n in expected], atol=1e-4)
     assert got[0].node.metadata["retrieval_score"] == 0.5
+    for top_n in (0, "3", True):  # the same setting error as the LangChain class
+        with pytest.raises(ConfigurationError, match="top_n"):
+            GPUPromptRerank(model=cross_encoder_path, top_n=top_n)
 
 
 async def test_llamaindex_async_query_engine(cross_encoder_path: str, docs) -> None:
@@ -166,8 +169,15 @@ async def test_rerank_route_in_the_shape_vllm_and_cohere_serve(server: InProcess
             assert body["results"][0]["document"] == {"text": docs[expected[0].index]}
         objects = await http.post("/v1/rerank", json={"query": QUERY, "documents": [{"text": d} for d in docs[:3]],
                                                       "return_documents": False})
-        assert objects.status_code == 200 and all("document" not in r or r["document"] is None
-                                                  for r in objects.json()["results"])
+        assert objects.status_code == 200 and all("document" not in r for r in objects.json()["results"])  # as Cohere
+        # Cohere's structured documents carry other keys: accepted, only the text is ranked.
+        titled = await http.post("/v1/rerank", json={"query": QUERY, "top_n": 2, "documents": [
+            {"text": d, "title": f"doc {i}", "id": i} for i, d in enumerate(docs)]})
+        assert titled.status_code == 200, titled.text
+        assert [r["index"] for r in titled.json()["results"]] == [h.index for h in expected[:2]]
+        # top_n past the documents (and past the 1,000-document cap) keeps them all, as in process.
+        every = await http.post("/v1/rerank", json={"query": QUERY, "documents": docs[:3], "top_n": 5000})
+        assert every.status_code == 200 and len(every.json()["results"]) == 3
         score = await http.post("/score", json={"text_1": QUERY, "text_2": docs[:4]})
         assert score.status_code == 200
         np.testing.assert_allclose([d["score"] for d in score.json()["data"]],
@@ -263,6 +273,8 @@ async def test_remote_reranking_equals_in_process(server: InProcessServer, reran
                                reranker.score([(QUERY, d) for d in docs[:3]]), atol=1e-5)
     with pytest.raises(InputTypeError, match=r"documents\[0\]"):
         remote.rerank(QUERY, [None])  # checked here, before anything is sent
+    assert [h.index for h in remote.rerank(QUERY, docs[:3], top_n=5000)] == [h.index for h in reranker.rerank(
+        QUERY, docs[:3])]  # more than there are keeps them all, as in process
     lc = GPUPromptReranker(base_url=server.url, top_n=4)
     documents = [Document(page_content=d) for d in docs]
     assert [d.page_content for d in lc.compress_documents(documents, QUERY)] == [h.document for h in local]
@@ -271,3 +283,64 @@ async def test_remote_reranking_equals_in_process(server: InProcessServer, reran
     li = GPUPromptRerank(base_url=server.url, top_n=4)
     assert li.reranker is remote or li.reranker.model_id == remote.model_id
     assert connect(server.url) is server.connect()
+
+
+@pytest.mark.parametrize(
+    ("results", "problem"),
+    [
+        ([{"index": 0, "relevance_score": 0.9}, {"index": 0, "relevance_score": 0.5}], "twice"),
+        ([{"index": -1, "relevance_score": 0.9}, {"index": 1, "relevance_score": 0.5}], "index"),
+        ([{"index": 5, "relevance_score": 0.9}, {"index": 1, "relevance_score": 0.5}], "index"),
+        ([{"index": True, "relevance_score": 0.9}, {"index": 0, "relevance_score": 0.5}], "index"),
+        ([{"index": 0, "relevance_score": float("nan")}, {"index": 1, "relevance_score": 0.5}], "finite"),
+        ([{"index": 0, "relevance_score": "0.9"}, {"index": 1, "relevance_score": 0.5}], "finite"),
+        ([{"index": 0, "relevance_score": 0.9}], "ranked 1 of the 2"),
+        ([{"index": 0}], "malformed"),
+    ],
+)
+def test_a_remote_reranker_checks_what_the_server_answers(results: list, problem: str) -> None:
+    """A peer's answer is checked before it becomes hits: each index once and in range, finite scores."""
+    import json
+
+    import httpx
+
+    from gpuprompt.errors import EngineError
+    from gpuprompt.remote import mount, unmount
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        if request.url.path.endswith("/models"):
+            return httpx.Response(200, json={"object": "list", "data": [{"id": "peer-reranker", "object": "model"}]})
+        if request.url.path.endswith("/health"):
+            return httpx.Response(404)
+        body = json.dumps({"id": "r", "model": "peer-reranker", "results": results}, allow_nan=True)
+        return httpx.Response(200, content=body, headers={"content-type": "application/json"})
+
+    url = "http://peer-reranker.invalid"
+    mount(url, httpx.MockTransport(answer))
+    try:
+        with pytest.raises(EngineError, match=problem):
+            connect(url).reranker().rerank("q", ["a", "b"])
+    finally:
+        unmount(url)
+
+
+def test_a_peer_that_ignores_top_n_is_cut_to_it() -> None:
+    import httpx
+
+    from gpuprompt.remote import mount, unmount
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        if request.url.path.endswith("/models"):
+            return httpx.Response(200, json={"object": "list", "data": [{"id": "peer-reranker", "object": "model"}]})
+        if request.url.path.endswith("/health"):
+            return httpx.Response(404)
+        return httpx.Response(200, json={"results": [{"index": 1, "relevance_score": 0.2},
+                                                     {"index": 0, "relevance_score": 0.7}]})
+
+    url = "http://peer-reranker-top-n.invalid"
+    mount(url, httpx.MockTransport(answer))
+    try:
+        hits = connect(url).reranker().rerank("q", ["a", "b"], top_n=1)
+        assert [(h.index, h.document) for h in hits] == [(0, "a")]
+    finally:
+        unmount(url)

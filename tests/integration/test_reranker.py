@@ -173,3 +173,37 @@ def test_identity_activation_gives_the_raw_logits(reranker: Reranker, cross_enco
                                    atol=1e-5)
     finally:
         raw.close()
+
+
+def test_the_activation_sentence_transformers_saved_is_the_one_used(cross_encoder_path: str, docs: list[str],
+                                                                   tmp_path) -> None:
+    """sentence-transformers 4+ saves ``activation_fn`` in ``config_sentence_transformers.json`` (many
+    trained rerankers ship raw logits that way): the scores are CrossEncoder's, logits here."""
+    import torch
+    from sentence_transformers import CrossEncoder
+
+    CrossEncoder(cross_encoder_path, device="cpu", activation_fn=torch.nn.Identity()).save(str(tmp_path))
+    pairs = [(QUERY, d) for d in docs[:6]]
+    expected = CrossEncoder(str(tmp_path), device="cpu").predict(pairs)
+    saved = Reranker(str(tmp_path), device="cpu")
+    try:
+        assert saved.activation == "identity"
+        np.testing.assert_allclose(saved.score(pairs), expected, atol=1e-4)
+    finally:
+        saved.close()
+
+
+def test_a_max_length_past_the_models_positions_is_a_configuration_error(cross_encoder_path: str) -> None:
+    too_long = Reranker(cross_encoder_path, device="cpu", max_length=1024)
+    with pytest.raises(ConfigurationError, match="max_position_embeddings"):
+        too_long.load()  # not a RuntimeError from torch in the batch worker
+
+
+def test_a_very_long_document_scores_as_cross_encoder_reads_it(reranker: Reranker, cross_encoder) -> None:
+    """A long text is read from a prefix that tokenises as the whole text: the same scores and token
+    counts as CrossEncoder's, which reads (and truncates) the whole text."""
+    long_text = " ".join(prose_paragraphs()[100:400])
+    assert len(long_text) > 16 * reranker.max_length
+    pairs = [(QUERY, long_text), (long_text, "a short document"), ("a query " * 40, long_text)]
+    np.testing.assert_allclose(reranker.score(pairs), cross_encoder.predict(pairs), atol=1e-4)
+    assert reranker.count_tokens(pairs) == 3 * reranker.max_length

@@ -1,9 +1,12 @@
 """RemoteReranker: the :class:`~gpuprompt.Reranker` calls of the adapters, served by a running
-``gpuprompt serve --rerank-model`` (``POST /v1/rerank`` and ``/score``) or by any server of the same
-rerank API (vLLM serving a cross-encoder, infinity, text-embeddings-inference). No torch, no model."""
+``gpuprompt serve --rerank-model`` (``POST /v1/rerank`` and ``/score``) or by another server of the
+same Cohere-shaped ``/v1/rerank`` API (vLLM serving a cross-encoder, infinity). No torch, no model.
+text-embeddings-inference serves ``/rerank`` in a shape of its own (``texts`` in, a list out), which
+``gpuprompt serve`` also answers but this client does not send."""
 
 from __future__ import annotations
 
+import math
 import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -130,19 +133,36 @@ class RemoteReranker:
     def _rerank_body(self, query: Any, documents: Any, top_n: Any) -> tuple[list[str], dict[str, Any]]:
         checked = check_str(query, "query")
         texts = check_documents(documents, MAX_RERANK_DOCUMENTS)
-        body = {"model": self._served, "query": checked, "documents": texts, "top_n": check_top_n(top_n),
-                "return_documents": False}
+        top_n = check_top_n(top_n)
+        # More than there are keeps them all, here as in process; peers cap top_n at the documents.
+        body = {"model": self._served, "query": checked, "documents": texts,
+                "top_n": None if top_n is None else min(top_n, max(1, len(texts))), "return_documents": False}
         return texts, body
 
-    def _hits(self, answer: Any, documents: list[str]) -> list[RerankHit]:
+    def _hits(self, answer: Any, documents: list[str], top_n: int | None) -> list[RerankHit]:
+        """The answer's results as hits, best first, after checking them: each index once and in
+        range, finite scores, no more than ``top_n`` (a peer that ignores it is cut here)."""
         where = redact(self.client.url(RERANK))
         try:
-            results = answer["results"]
-            hits = [RerankHit(int(item["index"]), float(item["relevance_score"]), documents[int(item["index"])])
-                    for item in results]
+            hits = [self._hit(item, documents) for item in answer["results"]]
         except (KeyError, TypeError, ValueError, IndexError) as exc:
             raise EngineError(f"{SERVICE} at {where} sent a malformed rerank answer ({exc!r}).") from exc
-        return sorted(hits, key=lambda hit: (-hit.score, hit.index))
+        if len({hit.index for hit in hits}) != len(hits):
+            raise EngineError(f"{SERVICE} at {where} sent a rerank answer that ranks a document twice.")
+        expected = len(documents) if top_n is None else min(top_n, len(documents))
+        if len(hits) < expected:
+            raise EngineError(f"{SERVICE} at {where} ranked {len(hits)} of the {len(documents)} documents, "
+                              f"{expected} asked for.")
+        return sorted(hits, key=lambda hit: (-hit.score, hit.index))[:expected]
+
+    @staticmethod
+    def _hit(item: Any, documents: list[str]) -> RerankHit:
+        index, score = item["index"], item["relevance_score"]
+        if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < len(documents):
+            raise ValueError(f"index {index!r} is not a position in the {len(documents)} documents")
+        if isinstance(score, bool) or not isinstance(score, (int, float)) or not math.isfinite(score):
+            raise ValueError(f"relevance_score {score!r} is not a finite number")
+        return RerankHit(index, float(score), documents[index])
 
     def rerank(self, query: str, documents: Sequence[str], top_n: int | None = None) -> list[RerankHit]:
         """The documents ordered by the server's cross-encoder, best first (as :meth:`Reranker.rerank`)."""
@@ -151,7 +171,7 @@ class RemoteReranker:
             return []
         self.load()
         body["model"] = self._served
-        return self._hits(self.client.request("POST", RERANK, body, idempotent=True), texts)
+        return self._hits(self.client.request("POST", RERANK, body, idempotent=True), texts, top_n)
 
     async def arerank(self, query: str, documents: Sequence[str], top_n: int | None = None) -> list[RerankHit]:
         """Async :meth:`rerank` (the caller's loop never waits on the network)."""
@@ -160,7 +180,7 @@ class RemoteReranker:
             return []
         await self.aload()
         body["model"] = self._served
-        return self._hits(await self.client.arequest("POST", RERANK, body, idempotent=True), texts)
+        return self._hits(await self.client.arequest("POST", RERANK, body, idempotent=True), texts, top_n)
 
     @staticmethod
     def _pairs(pairs: Any) -> list[tuple[str, str]]:
@@ -178,11 +198,16 @@ class RemoteReranker:
         try:
             data = sorted(answer["data"], key=lambda item: int(item["index"]))
             scores = [float(item["score"]) for item in data]
+            indexes = [item["index"] for item in data]
         except (KeyError, TypeError, ValueError) as exc:
             raise EngineError(f"{SERVICE} at {redact(self.client.url(SCORE))} sent a malformed score answer "
                               f"({exc!r}).") from exc
         if len(scores) != n:
             raise EngineError(f"{SERVICE} answered {len(scores)} scores for {n} pairs.")
+        if indexes != list(range(n)) or any(isinstance(i, bool) for i in indexes) \
+                or not all(math.isfinite(s) for s in scores):
+            raise EngineError(f"{SERVICE} at {redact(self.client.url(SCORE))} sent a malformed score answer: each "
+                              f"pair's index 0..{n - 1} once, with a finite score, expected.")
         return scores
 
     def score(self, pairs: Sequence[tuple[str, str]]) -> list[float]:

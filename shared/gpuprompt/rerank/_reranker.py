@@ -13,17 +13,21 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import json
 import logging
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gpuprompt._bf16 import pack_for_cpu_bf16
 from gpuprompt._int8 import SlicedSession
 from gpuprompt._loaded import LoadedModel, onnx_on_device_error
+from gpuprompt._memory import HeapTrim
+from gpuprompt._tokens import Tokens
 from gpuprompt.batching import MicroBatcher, check_priority
 from gpuprompt.device import default_dtype, resolve_device
 from gpuprompt.errors import (
@@ -39,7 +43,7 @@ from gpuprompt.errors import (
 from gpuprompt.models import DEFAULT_RERANK_MODEL, resolve_rerank_model
 from gpuprompt.rerank._config import RerankerConfig
 from gpuprompt.rerank._types import RerankerStats, RerankHit
-from gpuprompt.validation import check_int, check_str, check_str_list
+from gpuprompt.validation import check_int, check_options, check_str, check_str_list
 
 if TYPE_CHECKING:
     from gpuprompt.rerank._int8 import RankingReport
@@ -49,7 +53,10 @@ __all__ = ["Reranker", "check_documents", "check_top_n"]
 logger = logging.getLogger(__name__)
 
 _ASYNC_INLINE_LIMIT = 32  # arerank tokenises at most this many pairs on the loop thread
+_ASYNC_INLINE_CHARS = 65_536  # ... and at most this many characters
 _SANE_MAX_LENGTH = 100_000  # tokenizers without a limit report 1e30
+_OFFSET_POSITIONS = ("roberta", "xlm-roberta", "camembert", "longformer", "mpnet", "data2vec-text", "ibert")
+"""Model types whose position ids start past the padding index (two of their positions hold no token)."""
 
 
 @dataclass
@@ -61,15 +68,18 @@ class _Pair:
     tokens: int = 0
 
 
-def check_top_n(top_n: Any) -> int | None:
-    """``top_n`` as None or an int >= 1 (bools refused).
+def check_top_n(top_n: Any, *, error: type[Exception] = InvalidInputError) -> int | None:
+    """``top_n`` as None or an int >= 1 (bools, floats and numeric strings refused).
+
+    Args:
+        error: the exception raised (a setting of an adapter raises ``ConfigurationError``).
 
     Raises:
-        InputTypeError, InvalidInputError: anything else.
+        InvalidInputError (or ``error``): anything else.
     """
     if top_n is None:
         return None
-    return int(check_int(top_n, "top_n", min=1))  # type: ignore[arg-type]
+    return int(check_int(top_n, "top_n", min=1, error=error))  # type: ignore[arg-type]
 
 
 def check_documents(documents: Any, limit: int | None = None) -> list[str]:
@@ -123,16 +133,16 @@ class Reranker(LoadedModel):
         if config is not None and (model is not None or options):
             raise ConfigurationError("pass either 'config' or individual options to Reranker, not both.")
         if config is None:
-            valid = set(RerankerConfig.option_names())
-            unknown = sorted(set(options) - valid)
-            if unknown:
-                raise ConfigurationError(f"unknown Reranker option(s) {unknown}; valid options: {sorted(valid)}.")
+            check_options("Reranker", options, RerankerConfig.option_names(),
+                          remote="gpuprompt.connect(base_url).reranker() (a RemoteReranker)")
             config = RerankerConfig(model=model, **options)
         self.config = config
         self._model_id = config.model or DEFAULT_RERANK_MODEL
         self._load_lock = threading.Lock()
         self._model: Any = None
         self._tokenizer: Any = None
+        self._bounds: Any = None  # a Tokens: reads very long texts from a prefix
+        self._trim = HeapTrim()
         self._forward: Any = None
         self._activation: str = "identity"
         self._quantization: str | None = None
@@ -209,9 +219,10 @@ class Reranker(LoadedModel):
             model.eval()
             if pack_for_cpu_bf16(model, device, dtype):  # bf16 weights packed once for AMX, not per call
                 dtype = f"{dtype}, packed"
-            self._activation = _activation(self.config.activation, model.config)
+            self._activation = _activation(self.config.activation, model.config, path)
             self._max_length = _max_length(self.config.max_length, tokenizer, model.config)
             self._tokenizer, self._device = tokenizer, device
+            self._bounds = Tokens(tokenizer, self._max_length)
             self._forward, self._quantization, self._quality = self._choose_forward(model, tokenizer, path, device)
             self._backend = "onnx" if isinstance(self._forward, SlicedSession) else "torch"
             self._batcher = MicroBatcher(
@@ -223,6 +234,7 @@ class Reranker(LoadedModel):
                 max_wait_ms=self.config.max_wait_ms,
                 min_batch_size=self.config.min_batch_size,
                 max_queue=self.config.max_queue,
+                on_idle=self._trim,  # big batches' memory back to the OS once the queue runs dry
             )
             self._model = model
             logger.info("loaded reranker %s on %s (%s, %s, max length %d, %s)", self._model_id, device,
@@ -289,6 +301,7 @@ class Reranker(LoadedModel):
         """Score a batch: sorted by length, cut into passes within the padded-token budget."""
         import torch
 
+        self._trim.add(sum(pair.tokens for pair in pairs))
         order = sorted(range(len(pairs)), key=lambda i: pairs[i].tokens)
         out: list[Any] = [None] * len(pairs)
         budget = self.config.max_batch_tokens
@@ -367,7 +380,8 @@ class Reranker(LoadedModel):
         fresh = list(todo.values())
         if fresh:
             assert self._max_length is not None
-            encoded = self._tokenizer([p.query for p in fresh], [p.document for p in fresh], truncation="longest_first",
+            texts = self._bounds.bounded_pairs([(p.query, p.document) for p in fresh])  # long texts: a prefix
+            encoded = self._tokenizer([q for q, _ in texts], [d for _, d in texts], truncation="longest_first",
                                       max_length=self._max_length)
             names = list(encoded.keys())
             for i, pair in enumerate(fresh):
@@ -439,7 +453,7 @@ class Reranker(LoadedModel):
         if not checked:
             return []
         await self.aload()
-        if len(checked) > _ASYNC_INLINE_LIMIT:
+        if len(checked) > _ASYNC_INLINE_LIMIT or sum(len(q) + len(d) for q, d in checked) > _ASYNC_INLINE_CHARS:
             keys, known, fresh = await asyncio.to_thread(self._prepare, checked)
         else:
             keys, known, fresh = self._prepare(checked)
@@ -508,6 +522,7 @@ class Reranker(LoadedModel):
         if not checked:
             return 0
         self.load()
+        checked = self._bounds.bounded_pairs(checked)
         encoded = self._tokenizer([q for q, _ in checked], [d for _, d in checked], truncation="longest_first",
                                   max_length=self._max_length)
         return sum(len(ids) for ids in encoded["input_ids"])
@@ -536,11 +551,14 @@ class Reranker(LoadedModel):
             forward.close()
 
 
-def _activation(asked: str, config: Any) -> str:
-    """``"sigmoid"`` or ``"identity"``: as asked, or the model's own, as ``CrossEncoder`` picks it."""
+def _activation(asked: str, config: Any, path: str | None = None) -> str:
+    """``"sigmoid"`` or ``"identity"``: as asked, or the model's own, as ``CrossEncoder`` picks it:
+    the ``activation_fn`` that sentence-transformers 4+ saves in ``config_sentence_transformers.json``,
+    else the one in ``config.json`` (``sentence_transformers.activation_fn``, or before 4.0
+    ``sbert_ce_default_activation_function``), else sigmoid for one label."""
     if asked != "auto":
         return asked
-    saved = (getattr(config, "sentence_transformers", None) or {}).get("activation_fn") \
+    saved = _saved_activation(path) or (getattr(config, "sentence_transformers", None) or {}).get("activation_fn") \
         or getattr(config, "sbert_ce_default_activation_function", None)
     if isinstance(saved, str):
         name = saved.rsplit(".", 1)[-1]
@@ -553,11 +571,37 @@ def _activation(asked: str, config: Any) -> str:
     return "sigmoid" if int(getattr(config, "num_labels", 1)) == 1 else "identity"
 
 
+def _saved_activation(path: str | None) -> str | None:
+    """The ``activation_fn`` of a model folder's ``config_sentence_transformers.json``, if any."""
+    if path is None:
+        return None
+    try:
+        saved = json.loads((Path(path) / "config_sentence_transformers.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    value = saved.get("activation_fn") if isinstance(saved, dict) else None
+    return value if isinstance(value, str) else None
+
+
 def _max_length(asked: int | None, tokenizer: Any, config: Any) -> int:
     if asked is not None:
+        positions = _positions(config)
+        if positions is not None and asked > positions:
+            raise ConfigurationError(
+                f"max_length={asked} is more than this model reads: its position embeddings hold {positions} tokens "
+                f"(config.json, max_position_embeddings); pass max_length <= {positions}, or leave it unset for the "
+                "model's own limit."
+            )
         return asked
     limit = getattr(tokenizer, "model_max_length", None)
     if not isinstance(limit, int) or limit > _SANE_MAX_LENGTH:
         limit = getattr(config, "max_position_embeddings", None) or 512
     return int(limit)
 
+
+def _positions(config: Any) -> int | None:
+    """Tokens the model's position embeddings hold, or None where it has no absolute positions."""
+    positions = getattr(config, "max_position_embeddings", None)
+    if not isinstance(positions, int) or getattr(config, "position_embedding_type", "absolute") != "absolute":
+        return None
+    return positions - 2 if getattr(config, "model_type", "") in _OFFSET_POSITIONS else positions

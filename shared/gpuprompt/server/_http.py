@@ -18,9 +18,10 @@ T = TypeVar("T")
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
-def json_response(model: BaseModel, status: int = 200) -> Response:
-    """A JSON response of ``model`` (pydantic-core serialises in Rust; no second validation)."""
-    return Response(model.model_dump_json(), status_code=status, media_type="application/json")
+def json_response(model: BaseModel, status: int = 200, *, exclude_none: bool = False) -> Response:
+    """A JSON response of ``model`` (pydantic-core serialises in Rust; no second validation);
+    ``exclude_none`` leaves out the fields that are None."""
+    return Response(model.model_dump_json(exclude_none=exclude_none), status_code=status, media_type="application/json")
 
 
 def sse(payload: Mapping[str, Any]) -> str:

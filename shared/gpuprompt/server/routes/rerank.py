@@ -14,12 +14,12 @@ import time
 import uuid
 from typing import Any
 
-from fastapi import APIRouter, Body
+from fastapi import APIRouter, Body, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
 from pydantic import ValidationError
 
-from gpuprompt.server._http import json_response
+from gpuprompt.server._http import json_response, until_disconnect
 from gpuprompt.server.errors import ApiError
 from gpuprompt.server.schemas.rerank import (
     RerankDocument,
@@ -41,6 +41,7 @@ __all__ = ["router"]
 router = APIRouter()
 
 _INLINE_PAIRS = 32  # count a request's tokens on the loop thread only up to this many pairs
+_INLINE_CHARS = 65_536  # ... and this many characters
 
 
 def _reranker(server: ServerState, model: str | None):
@@ -59,7 +60,8 @@ def _reranker(server: ServerState, model: str | None):
 
 async def _usage(reranker: object, pairs: list[tuple[str, str]]) -> RerankUsage:
     count = reranker.count_tokens  # type: ignore[attr-defined]
-    tokens = await asyncio.to_thread(count, pairs) if len(pairs) > _INLINE_PAIRS else count(pairs)
+    inline = len(pairs) <= _INLINE_PAIRS and sum(len(q) + len(d) for q, d in pairs) <= _INLINE_CHARS
+    tokens = count(pairs) if inline else await asyncio.to_thread(count, pairs)
     return RerankUsage(total_tokens=tokens, prompt_tokens=tokens)
 
 
@@ -73,11 +75,14 @@ async def _ranked(server: ServerState, reranker: Any, query: str, documents: lis
 
 @router.post(V1 + RERANK, response_model=RerankResponse, tags=["rerank"])
 @router.post("/v2/rerank", response_model=RerankResponse, tags=["rerank"], include_in_schema=False)
-async def rerank(server: State, body: RerankRequest) -> Response:
-    """Rank the documents by relevance to the query, best first (``top_n`` keeps the best)."""
+async def rerank(server: State, body: RerankRequest, request: Request) -> Response:
+    """Rank the documents by relevance to the query, best first (``top_n`` keeps the best). A client
+    that goes away takes its pairs that are still queued out of the queue."""
     reranker = _reranker(server, body.model)
     documents = body.texts()
-    hits = await _ranked(server, reranker, body.query, documents, body.top_n)
+    hits = await until_disconnect(request, _ranked(server, reranker, body.query, documents, body.top_n))
+    if isinstance(hits, Response):
+        return hits  # the client went away (nobody reads it)
     results = [
         RerankResult(index=hit.index, relevance_score=hit.score,
                      document=RerankDocument(text=hit.document) if body.return_documents else None)
@@ -85,11 +90,11 @@ async def rerank(server: State, body: RerankRequest) -> Response:
     ]
     usage = await _usage(reranker, [(body.query, d) for d in documents])
     return json_response(RerankResponse(id=f"rerank-{uuid.uuid4().hex}", model=reranker.model_id, results=results,
-                                        usage=usage))
+                                        usage=usage), exclude_none=True)
 
 
 @router.post(RERANK, include_in_schema=False)
-async def rerank_any(server: State, payload: dict[str, Any] = Body(...)) -> Response:  # noqa: B008 - FastAPI's way
+async def rerank_any(server: State, request: Request, payload: dict[str, Any] = Body(...)) -> Response:  # noqa: B008 - FastAPI's way
     """``/v1/rerank``'s request and answer, or text-embeddings-inference's when the body has ``texts``."""
     tei = "texts" in payload and "documents" not in payload
     try:
@@ -98,13 +103,15 @@ async def rerank_any(server: State, payload: dict[str, Any] = Body(...)) -> Resp
         raise RequestValidationError([{**e, "loc": ("body", *e["loc"])}
                                       for e in exc.errors(include_url=False)]) from None
     if isinstance(body, RerankRequest):
-        return await rerank(server, body)
+        return await rerank(server, body, request)
     reranker = _reranker(server, None)
     if body.raw_scores and reranker.activation != "identity":
         raise ApiError(400, f"raw_scores=true asks for logits before the model's activation, and this server's "
                             f"reranker returns {reranker.activation}-activated scores only; send raw_scores=false.",
                        param="raw_scores", code="unsupported_value")
-    hits = await _ranked(server, reranker, body.query, body.texts, None)
+    hits = await until_disconnect(request, _ranked(server, reranker, body.query, body.texts, None))
+    if isinstance(hits, Response):
+        return hits
     ranks = [TeiRank(index=h.index, score=h.score, text=h.document if body.return_text else None) for h in hits]
     return Response(f"[{','.join(r.model_dump_json(exclude_none=True) for r in ranks)}]",
                     media_type="application/json")
@@ -112,12 +119,14 @@ async def rerank_any(server: State, payload: dict[str, Any] = Body(...)) -> Resp
 
 @router.post(SCORE, response_model=ScoreResponse, tags=["rerank"])
 @router.post(V1 + SCORE, response_model=ScoreResponse, tags=["rerank"], include_in_schema=False)
-async def score(server: State, body: ScoreRequest) -> Response:
+async def score(server: State, body: ScoreRequest, request: Request) -> Response:
     """The relevance score of each (``text_1``, ``text_2``) pair, in order (vLLM's score API)."""
     reranker = _reranker(server, body.model)
     pairs = body.pairs()
     started = time.perf_counter()
-    scores = await reranker.ascore(pairs)
+    scores = await until_disconnect(request, reranker.ascore(pairs))
+    if isinstance(scores, Response):
+        return scores
     server.metrics.rerank_latency.observe(time.perf_counter() - started)
     server.metrics.rerank_documents.observe(len(pairs))
     return json_response(ScoreResponse(

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, Field, StrictBool, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, field_validator, model_validator
 
-from gpuprompt.server.schemas.base import ModelName, Text, _int, _OpenAIRequest, _Strict
+from gpuprompt.server.schemas.base import ModelName, Text, _int, _OpenAIRequest
 from gpuprompt.wire import MAX_RERANK_DOCUMENTS
 
 __all__ = [
@@ -24,11 +24,16 @@ __all__ = [
     "TeiRerankRequest",
 ]
 
-TopN = _int(1, MAX_RERANK_DOCUMENTS)
+TopN = _int(1, 2**63 - 1)
+"""``top_n``: at least 1; more than there are documents keeps them all (as in process)."""
 
 
-class DocumentObject(_Strict):
-    """A document given as an object (Cohere and Jina accept ``{"text": ...}``)."""
+class DocumentObject(BaseModel):
+    """A document given as an object (Cohere and Jina accept ``{"text": ...}``). Other keys (a title,
+    an id: Cohere's structured documents carry them) are accepted and not read: only ``text`` is
+    ranked."""
+
+    model_config = ConfigDict(extra="ignore")
 
     text: Text
 
@@ -108,7 +113,7 @@ class RerankResult(BaseModel):
     relevance_score: float
     """The cross-encoder's score (higher is more relevant)."""
     document: RerankDocument | None = None
-    """The document, when ``return_documents``."""
+    """The document, when ``return_documents`` (otherwise the key is left out, as Cohere does)."""
 
 
 class RerankUsage(BaseModel):
