@@ -91,6 +91,23 @@ def test_embedding_input_errors(http, embedder) -> None:
     assert error["code"] == "model_not_found"
 
 
+
+@pytest.mark.parametrize(
+    ("body", "named"),
+    [
+        ('{"input": ["a", null]}', "'input[1]' must be a string like the first item"),
+        ('{"input": [true]}', "'input[0]' must be a string"),  # a bool is not a token id
+        ('{"input": [15339, true]}', "'input[1]' must be a token id"),
+        ('{"input": ["a", "\\ud800"]}', "'input[1]' must be valid Unicode"),
+        ('{"input": [[15339], [1, "x"]]}', "'input[1]' must be a list of token ids"),
+    ],
+)
+def test_a_bad_embedding_input_item_is_named_once(http, body: str, named: str) -> None:
+    error = _error(http.post("/v1/embeddings", content=body, headers={"Content-Type": "application/json"}), 400)
+    assert error["param"].startswith("input")
+    assert named in error["message"] and "valid integer" not in error["message"], error["message"]
+
+
 def test_unknown_routes_and_methods(http) -> None:
     assert _error(http.get("/v1/nothing-here"), 404)["code"] == "404"
     assert _error(http.get(CHAT), 405)["code"] == "405"

@@ -6,7 +6,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, field_validator
 
+from gpuprompt.errors import describe
 from gpuprompt.server.schemas.base import Dimensions, ModelName, Text, UsageModel, _OpenAIRequest
+from gpuprompt.validation import check_text
 from gpuprompt.wire import MAX_EMBEDDING_INPUTS
 
 __all__ = ["EmbeddingItem", "EmbeddingRequest", "EmbeddingResponse", "HealthResponse", "ModelCard", "ModelList"]
@@ -47,6 +49,26 @@ class EmbeddingRequest(_OpenAIRequest):
     """Must equal the model's dimension when given (no truncation)."""
     user: Text | None = None
     """Ignored."""
+
+    @field_validator("input", mode="before")
+    @classmethod
+    def _shape(cls, value: Any) -> Any:
+        """Name the first item that breaks the list's kind (texts, token ids, lists of token ids),
+        instead of one failure per union member; bools are not token ids."""
+        if not isinstance(value, list) or not value:
+            return value
+        kinds = (("a string", lambda x: isinstance(x, str)),
+                 ("a token id (an int)", _token_id),
+                 ("a list of token ids (ints)", lambda x: isinstance(x, list) and all(_token_id(t) for t in x)))
+        expected, matches = next(((name, test) for name, test in kinds if test(value[0])), kinds[0])
+        for i, item in enumerate(value):
+            if not matches(item):
+                like = " like the first item" if i else ""
+                raise ValueError(f"'$[{i}]' must be {expected}{like}: input is a string, a list of strings or of "
+                                 f"token ids (got {describe(item)}).")
+            if isinstance(item, str):
+                check_text(item, f"$[{i}]", error=ValueError)
+        return value
 
     @field_validator("input")
     @classmethod
@@ -101,3 +123,7 @@ class HealthResponse(BaseModel):
     collections: int
     in_flight: int
     uptime_s: float
+
+
+def _token_id(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
