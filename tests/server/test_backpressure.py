@@ -131,3 +131,26 @@ def test_an_embedding_client_that_goes_away_takes_its_texts_out_of_the_queue(ser
     finally:
         server.stop()
         embedder.close()
+
+
+def test_a_rerank_client_that_goes_away_takes_its_pairs_out_of_the_queue(embedder, server_llm,
+                                                                          cross_encoder_path: str) -> None:
+    from gpuprompt import Reranker
+    from gpuprompt._corpus import prose_paragraphs
+
+    reranker = Reranker(cross_encoder_path, device="cpu", batch_size=2, cache_size=0).load()
+    server = start_server(embedder=embedder, llm=server_llm, reranker=reranker)
+    try:
+        documents = [f"{i}: {p}" for i, p in enumerate(prose_paragraphs()[:200])]
+        with server.client(timeout=httpx.Timeout(30.0, read=0.3)) as http:
+            with pytest.raises(httpx.ReadTimeout):
+                http.post("/v1/rerank", json={"query": "How is an assignment evaluated?", "documents": documents})
+        assert wait_until(lambda: reranker.stats().batcher.cancelled > 0)
+        assert wait_until(lambda: reranker.stats().batcher.queue_depth == 0)
+        assert reranker.stats().scored < len(documents)
+        with server.client() as http:
+            reply = http.post("/v1/rerank", json={"query": "q", "documents": ["still here"]})
+            assert reply.status_code == 200, reply.text
+    finally:
+        server.stop()
+        reranker.close()
