@@ -108,6 +108,8 @@ class GPUPromptReranker(BaseDocumentCompressor):
 
     def __init__(self, **data: Any) -> None:
         check_top_n(data.get("top_n"), error=ConfigurationError)  # before pydantic would read True as 1
+        if "model" in data and "model_name" in data:
+            raise ConfigurationError("pass the cross-encoder once: model= or model_name= (its alias), not both.")
         try:
             super().__init__(**data)
         except ValidationError as exc:  # a field of the wrong type: our typed error, naming it

@@ -83,6 +83,8 @@ def test_langchain_bad_input_and_settings(cross_encoder_path: str) -> None:
             GPUPromptReranker(model=cross_encoder_path, top_n=top_n)
     with pytest.raises(ConfigurationError, match="batch"):
         GPUPromptReranker(model=cross_encoder_path, batch_size=0)
+    with pytest.raises(ConfigurationError, match="model_name"):
+        GPUPromptReranker(model=cross_encoder_path, model_name=cross_encoder_path)
     reranker = GPUPromptReranker(model=cross_encoder_path, device="cpu")
     with pytest.raises(InputTypeError, match=r"documents\[1\]"):
         reranker.compress_documents([Document(page_content="a"), "not a document"], QUERY)
