@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import math
 import random
+import unicodedata
 from collections import Counter
 
 import numpy as np
@@ -81,6 +82,26 @@ def test_codes_are_kept_whole_and_in_parts() -> None:
     assert tokenize("ＳＫＵ－１２ Straße") == tokenize("sku-12 strasse")  # NFKC and case folding
     assert tokenize("the a of and") == []  # stopwords only
     assert "sku-48213-qx" in tokenize("Is SKU-48213-QX? (sku-48213-qx!)")
+
+
+def test_scripts_without_spaces_give_characters_and_pairs() -> None:
+    assert tokenize("東京タワー") == ["東", "東京", "京", "京タ", "タ", "タワ", "ワ", "ワー", "ー"]
+    assert tokenize("iPhone手机壳, SKU-12") == ["iphone", "手", "手机", "机", "机壳", "壳", "sku-12", "sku", "12"]
+    assert tokenize("한국어 텍스트") == ["한국어", "텍스트"]  # Korean is written with spaces: words
+    thai = tokenize("ชุดเดรสสีแดง")
+    assert "เด" in thai and "ดร" in thai and "รส" in thai  # the pairs of "เดรส" (dress)
+    assert not any(len(t) == 1 and unicodedata.category(t).startswith("M") for t in thai)  # no lone marks
+
+
+def test_a_word_inside_an_unspaced_run_is_found() -> None:
+    index = VectorIndex(DIM, device="cpu", max_wait_ms=0)
+    texts = ["東京タワーに行きました", "大阪城を見ました", "ชุดเดรสสีแดง ราคาถูก", "a plain English sentence"]
+    index.add(["tokyo", "osaka", "thai", "english"], np.eye(DIM, dtype=np.float32)[:4], documents=texts)
+    assert [h.id for h in index.lexical_search(["東京"], 1)[0]] == ["tokyo"]
+    assert [h.id for h in index.lexical_search(["大阪"], 1)[0]] == ["osaka"]
+    assert [h.id for h in index.lexical_search(["เดรส"], 1)[0]] == ["thai"]
+    assert [h.id for h in index.lexical_search(["english sentence"], 1)[0]] == ["english"]
+    index.close()
 
 
 # ---------------------------------------------------------------------- BM25 against the definition
