@@ -309,6 +309,17 @@ def test_a_huge_string_within_the_body_limit_is_not_a_500(http) -> None:
     response = _post(http, CHAT, {"messages": [{"role": "user", "content": huge}], "max_tokens": 1})
     error = _bad_request(response, "messages")
     assert error["code"] == "context_length_exceeded"
+    # in the server's terms: the library's truncate='left' is not a request field
+    assert "--max-model-len" in error["message"] and "truncate" not in error["message"]
+
+
+@pytest.mark.parametrize("field", ["stream", "echo", "logprobs", "parallel_tool_calls"])
+@pytest.mark.parametrize("value", ["yes", 1, "false"])
+def test_a_true_false_field_takes_only_true_or_false(http, field: str, value) -> None:
+    route = "/v1/completions" if field == "echo" else CHAT
+    body = {"prompt": "Hi"} if field == "echo" else {"messages": [{"role": "user", "content": "Hi"}]}
+    response = _post(http, route, {**body, "max_tokens": 1, field: value})
+    assert field in (_bad_request(response)["param"] or "")
 
 
 # ---------------------------------------------------------------------------------------- 5. names

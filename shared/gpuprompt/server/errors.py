@@ -46,14 +46,13 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from gpuprompt.errors import (
-    GPUPromptError,
-)
+from gpuprompt.errors import ContextLengthError, GPUPromptError
 from gpuprompt.wire import describe_error, param_of
 
 __all__ = [
     "ApiError",
     "CatchAll",
+    "context_length_error",
     "error_body",
     "error_response",
     "install_error_handlers",
@@ -121,10 +120,25 @@ def error_body(message: str, type: str, param: str | None = None, code: str | No
     return {"error": {"message": _clean(message), "type": type, "param": _clean(param), "code": code}}
 
 
+def context_length_error(exc: ContextLengthError, param: str = "messages") -> ApiError:
+    """A prompt past the window, told in the server's terms: the library's own message offers
+    ``truncate='left'`` and ``max_model_len=``, which an HTTP client cannot pass."""
+    return ApiError(
+        400,
+        f"the prompt has {exc.prompt_tokens} tokens but the context window of the served model is "
+        f"{exc.max_context} tokens (the prompt may take at most {exc.max_context - 1}, leaving room for one new token); shorten the "
+        "prompt (drop the oldest turns), or start the server with a larger --max-model-len.",
+        param=param,
+        code="context_length_exceeded",
+    )
+
+
 def _describe_error(exc: BaseException, retry_after_s: int) -> ApiError:
     """Translate any exception into the ApiError to send (core errors by the wire's one table)."""
     if isinstance(exc, ApiError):
         return exc
+    if isinstance(exc, ContextLengthError):
+        return context_length_error(exc)
     if not isinstance(exc, GPUPromptError):
         logger.error("unexpected error while serving a request", exc_info=exc)
         return ApiError(500, "internal server error; the server log has the details.", type="server_error")

@@ -43,7 +43,7 @@ from gpuprompt.errors import ContextLengthError, DimensionMismatchError, Invalid
 from gpuprompt.rag import asearch_texts, check_retrieval
 from gpuprompt.server._collection import Collection, recorded_embedder
 from gpuprompt.server._http import all_or_none, json_response, until_disconnect
-from gpuprompt.server.errors import ApiError
+from gpuprompt.server.errors import ApiError, context_length_error
 from gpuprompt.server.schemas.base import MAX_NAME_LENGTH, UsageModel
 from gpuprompt.server.schemas.collections import (
     AddDocumentsRequest,
@@ -191,7 +191,7 @@ async def collection_chat(server: State, body: CollectionChatRequest, request: R
                                    retrieval=check_retrieval(body.mode, alpha=body.alpha)),
         )
     except ContextLengthError as exc:  # the field at fault here is the question, not 'messages'
-        raise ApiError(400, str(exc), param="question", code="context_length_exceeded") from exc
+        raise context_length_error(exc, "question") from exc
     if isinstance(outcome, Response):
         return outcome
     answer = outcome

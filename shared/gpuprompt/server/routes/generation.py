@@ -19,7 +19,7 @@ from fastapi.responses import Response, StreamingResponse
 
 from gpuprompt.errors import ContextLengthError, InvalidInputError
 from gpuprompt.server._http import SSE_HEADERS, all_or_none, json_response, sse, until_disconnect
-from gpuprompt.server.errors import ApiError, error_event
+from gpuprompt.server.errors import ApiError, context_length_error, error_event
 from gpuprompt.server.schemas.chat import (
     ChatChoice,
     ChatChoiceMessage,
@@ -158,7 +158,7 @@ def completion_requests(
 
 def _prompt_field(exc: ContextLengthError) -> ApiError:
     # The field at fault in a text completion is 'prompt', not 'messages'.
-    return ApiError(400, str(exc), param="prompt", code="context_length_exceeded")
+    return context_length_error(exc, "prompt")
 
 
 router = APIRouter()

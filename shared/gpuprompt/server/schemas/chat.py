@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, Field, field_validator, model_validator
+from pydantic import BaseModel, BeforeValidator, Field, StrictBool, field_validator, model_validator
 
 from gpuprompt.server.schemas.base import (
     MAX_STOP,
@@ -65,7 +65,7 @@ Bias = Annotated[float, BeforeValidator(_run(check_number, min=-100.0, max=100.0
 class StreamOptions(_OpenAIRequest):
     """Streaming options."""
 
-    include_usage: bool = False
+    include_usage: StrictBool = False
     """Send a last chunk with the usage (and empty ``choices``)."""
 
 
@@ -75,7 +75,7 @@ class JSONSchemaSpec(_OpenAIRequest):
     name: Text | None = None
     description: Text | None = None
     schema_: JSONObject = Field(alias="schema")
-    strict: bool | None = None
+    strict: StrictBool | None = None
 
 
 class ResponseFormat(_OpenAIRequest):
@@ -134,7 +134,7 @@ class _Sampling(_OpenAIRequest):
     """Ignored (an end-user id for abuse monitoring)."""
     metadata: JSONObject | None = None
     """Ignored (OpenAI stores it with the completion; nothing is stored here)."""
-    store: bool | None = None
+    store: StrictBool | None = None
     """Ignored (nothing is stored)."""
     service_tier: Text | None = None
     """Ignored (one tier)."""
@@ -210,7 +210,7 @@ class FunctionDefinition(_OpenAIRequest):
     name: Annotated[Text, Field(min_length=1, max_length=64)]
     description: Text | None = None
     parameters: JSONObject | None = None
-    strict: bool | None = None
+    strict: StrictBool | None = None
 
 
 class ToolDefinition(_OpenAIRequest):
@@ -331,7 +331,7 @@ class ChatCompletionRequest(_Sampling):
     """Most tokens to generate; wins over ``max_tokens``."""
     n: Choices = 1
     """Choices to generate (1 when streaming)."""
-    stream: bool = False
+    stream: StrictBool = False
     """Answer with server-sent events."""
     stream_options: StreamOptions | None = None
     """``{"include_usage": true}`` for a usage chunk at the end of a stream."""
@@ -339,9 +339,9 @@ class ChatCompletionRequest(_Sampling):
     """Functions the model may call."""
     tool_choice: Literal["auto", "required", "none"] | NamedToolChoice | None = None
     """``auto`` (default with tools), ``required``, ``none`` or one named tool."""
-    parallel_tool_calls: bool | None = None
+    parallel_tool_calls: StrictBool | None = None
     """False: at most one call per reply (default True)."""
-    logprobs: bool | None = None
+    logprobs: StrictBool | None = None
     """Refused when true (no log-probabilities here)."""
     top_logprobs: int | None = None
     """Refused when given."""
@@ -440,11 +440,11 @@ class CompletionRequest(_Sampling):
     """Must be 1: send a prompt several times (a list) for several continuations."""
     best_of: Choices | None = None
     """Must be None or 1."""
-    stream: bool = False
+    stream: StrictBool = False
     """Answer with server-sent events (one prompt only)."""
     stream_options: StreamOptions | None = None
     """``{"include_usage": true}`` for a usage chunk at the end of a stream."""
-    echo: bool = False
+    echo: StrictBool = False
     """Put the prompt before the generated text."""
     logprobs: int | None = None
     """Refused when given (no log-probabilities here)."""
