@@ -18,7 +18,7 @@ from langchain_core.callbacks import AsyncCallbackManagerForRetrieverRun, Callba
 from langchain_core.documents import Document
 from langchain_core.vectorstores import VectorStoreRetriever
 
-from langchain_gpuprompt._vectorstore_inputs import _check_query, _scored
+from langchain_gpuprompt._vectorstore_inputs import _check_query, _faiss_filter, _scored
 
 __all__ = ["GPUPromptRetriever", "HybridStoreMixin"]
 
@@ -97,6 +97,7 @@ class HybridStoreMixin:
             InvalidInputError: an empty or blank query, ``k`` < 1, an unknown keyword.
             FilterError: a malformed filter.
         """
+        filter = _faiss_filter(filter)
         _check_kwargs("lexical_search", kwargs, _LEXICAL_KWARGS)
         _check_words(query)
         index = self._lexical_index()
@@ -107,6 +108,7 @@ class HybridStoreMixin:
     async def alexical_search_with_score(self, query: str, k: int = 4, filter: dict[str, Any] | None = None,
                                          **kwargs: Any) -> list[tuple[Document, float]]:
         """Async :meth:`lexical_search_with_score` (batched with concurrent searches)."""
+        filter = _faiss_filter(filter)
         _check_kwargs("lexical_search", kwargs, _LEXICAL_KWARGS)
         _check_words(query)
         index = self._lexical_index()
@@ -117,11 +119,13 @@ class HybridStoreMixin:
     def lexical_search(self, query: str, k: int = 4, filter: dict[str, Any] | None = None,
                        **kwargs: Any) -> list[Document]:
         """:meth:`lexical_search_with_score` without the scores."""
+        filter = _faiss_filter(filter)
         return [doc for doc, _ in self.lexical_search_with_score(query, k, filter, **kwargs)]
 
     async def alexical_search(self, query: str, k: int = 4, filter: dict[str, Any] | None = None,
                               **kwargs: Any) -> list[Document]:
         """Async :meth:`lexical_search`."""
+        filter = _faiss_filter(filter)
         return [doc for doc, _ in await self.alexical_search_with_score(query, k, filter, **kwargs)]
 
     # ------------------------------------------------------------------ hybrid
@@ -146,6 +150,7 @@ class HybridStoreMixin:
             InvalidInputError: a blank query, ``alpha`` outside [0, 1] or NaN, ``alpha`` with
                 ``fusion="rrf"``, ``fetch_k`` < ``k``, an unknown keyword.
         """
+        filter = _faiss_filter(filter)
         _check_kwargs("hybrid_search", kwargs, _HYBRID_KWARGS)
         _check_words(query)
         self._lexical_index()
@@ -165,6 +170,7 @@ class HybridStoreMixin:
     async def ahybrid_search_with_score(self, query: str, k: int = 4, filter: dict[str, Any] | None = None,
                                         **kwargs: Any) -> list[tuple[Document, float]]:
         """Async :meth:`hybrid_search_with_score` (both legs batched with concurrent searches)."""
+        filter = _faiss_filter(filter)
         _check_kwargs("hybrid_search", kwargs, _HYBRID_KWARGS)
         _check_words(query)
         self._lexical_index()
@@ -184,11 +190,13 @@ class HybridStoreMixin:
     def hybrid_search(self, query: str, k: int = 4, filter: dict[str, Any] | None = None,
                       **kwargs: Any) -> list[Document]:
         """:meth:`hybrid_search_with_score` without the scores."""
+        filter = _faiss_filter(filter)
         return [doc for doc, _ in self.hybrid_search_with_score(query, k, filter, **kwargs)]
 
     async def ahybrid_search(self, query: str, k: int = 4, filter: dict[str, Any] | None = None,
                              **kwargs: Any) -> list[Document]:
         """Async :meth:`hybrid_search`."""
+        filter = _faiss_filter(filter)
         return [doc for doc, _ in await self.ahybrid_search_with_score(query, k, filter, **kwargs)]
 
 

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from gpuprompt.errors import InputTypeError, InvalidInputError, describe
 from gpuprompt.validation import (
+    MAX_DEPTH,
     check_metadata,
     check_number,
     check_path,
@@ -23,7 +24,7 @@ if TYPE_CHECKING:
     from gpuprompt.index import Hit, Record
 
 
-__all__ = ["_check_ids", "_check_query", "_check_score_threshold", "_clamp01", "_from_documents", "_hit_document", "_identity", "_listed", "_no_kwargs", "_prepare", "_record_document", "_scored", "_search_kwargs", "_snapshot_path", "_vector"]
+__all__ = ["_check_ids", "_faiss_filter", "_check_query", "_check_score_threshold", "_clamp01", "_from_documents", "_hit_document", "_identity", "_listed", "_no_kwargs", "_prepare", "_record_document", "_scored", "_search_kwargs", "_snapshot_path", "_vector"]
 
 
 def _identity(score: float) -> float:
@@ -153,3 +154,25 @@ def _hit_document(hit: Hit) -> Document:
 
 def _scored(hits: list[Hit]) -> list[tuple[Document, float]]:
     return [(_hit_document(hit), float(hit.score)) for hit in hits]
+
+
+def _faiss_filter(filter: Any, depth: int = 0) -> Any:
+    """LangChain's FAISS reads a field's bare list as one-of (``{"color": ["red", "blue"]}``), and so
+    does this store: such a list becomes ``{"$in": [...]}``, at any depth of ``$and`` / ``$or`` /
+    ``$not``; FAISS's ``$neq`` is the core's ``$ne``. (The core's own language reads a bare list as equality with the whole list; an explicit
+    ``{"$eq": [...]}`` still says that.) Anything else passes as given, for the core to check."""
+    if not isinstance(filter, Mapping) or depth > MAX_DEPTH:  # too deep or cyclic: the core refuses it
+        return filter
+    out: dict[Any, Any] = {}
+    for key, value in filter.items():
+        if key in ("$and", "$or") and isinstance(value, list):
+            out[key] = [_faiss_filter(item, depth + 1) for item in value]
+        elif key == "$not":
+            out[key] = _faiss_filter(value, depth + 1)
+        elif isinstance(key, str) and not key.startswith("$") and isinstance(value, list):
+            out[key] = {"$in": value}
+        elif isinstance(key, str) and not key.startswith("$") and isinstance(value, Mapping) and "$neq" in value:
+            out[key] = {("$ne" if op == "$neq" else op): operand for op, operand in value.items()}  # FAISS's name
+        else:
+            out[key] = value
+    return out

@@ -32,6 +32,7 @@ from langchain_gpuprompt._vectorstore_inputs import (
     _check_query,
     _check_score_threshold,
     _clamp01,
+    _faiss_filter,
     _from_documents,
     _hit_document,
     _identity,
@@ -56,7 +57,8 @@ class GPUPromptVectorStore(HybridStoreMixin, VectorStore):
     Works with any LangChain ``Embeddings``; with :class:`GPUPromptEmbeddings` the query
     embedding stays on the device and concurrent searches are coalesced into batched index
     searches. Filters use the core's dict language, so a LangChain user's ``{"color": "red"}``
-    just works, as do ``{"price": {"$lt": 50}}``, ``{"$or": [...]}`` and friends. Filters are
+    just works, as do ``{"price": {"$lt": 50}}``, ``{"$or": [...]}`` and friends; a field's bare list
+    means one of its values, as in FAISS (``{"color": ["red", "blue"]}``). Filters are
     applied before the top-k cut: a search always returns ``min(k, matching documents)`` hits.
     Scores are higher-is-better (cosine similarity for the default metric).
 
@@ -388,12 +390,14 @@ class GPUPromptVectorStore(HybridStoreMixin, VectorStore):
             **kwargs: ``fetch_k`` is accepted for drop-in compatibility with FAISS and ignored
                 (the index pre-filters, so it never needs to over-fetch by hand).
         """
+        filter = _faiss_filter(filter)
         return [doc for doc, _ in self.similarity_search_with_score(query, k, filter=filter, **kwargs)]
 
     async def asimilarity_search(
         self, query: str, k: int = 4, filter: dict[str, Any] | None = None, **kwargs: Any
     ) -> list[Document]:
         """Async :meth:`similarity_search`: concurrent searches run as one batched index search."""
+        filter = _faiss_filter(filter)
         return [doc for doc, _ in await self.asimilarity_search_with_score(query, k, filter=filter, **kwargs)]
 
     def similarity_search_with_score(
@@ -401,6 +405,7 @@ class GPUPromptVectorStore(HybridStoreMixin, VectorStore):
     ) -> list[tuple[Document, float]]:
         """Like :meth:`similarity_search`, with each document's score (higher is more similar:
         cosine similarity, inner product, or ``1 / (1 + squared L2)`` by metric)."""
+        filter = _faiss_filter(filter)
         _search_kwargs(kwargs)
         text_index = self._text_index()
         if text_index is not None:  # one request: the server embeds and searches
@@ -413,6 +418,7 @@ class GPUPromptVectorStore(HybridStoreMixin, VectorStore):
         self, query: str, k: int = 4, filter: dict[str, Any] | None = None, **kwargs: Any
     ) -> list[tuple[Document, float]]:
         """Async :meth:`similarity_search_with_score`."""
+        filter = _faiss_filter(filter)
         _search_kwargs(kwargs)
         text_index = self._text_index()
         if text_index is not None:  # one request: the server embeds and searches
@@ -426,12 +432,14 @@ class GPUPromptVectorStore(HybridStoreMixin, VectorStore):
         self, embedding: list[float], k: int = 4, filter: dict[str, Any] | None = None, **kwargs: Any
     ) -> list[Document]:
         """The ``k`` documents most similar to an embedding vector."""
+        filter = _faiss_filter(filter)
         return [doc for doc, _ in self.similarity_search_with_score_by_vector(embedding, k, filter=filter, **kwargs)]
 
     async def asimilarity_search_by_vector(
         self, embedding: list[float], k: int = 4, filter: dict[str, Any] | None = None, **kwargs: Any
     ) -> list[Document]:
         """Async :meth:`similarity_search_by_vector`."""
+        filter = _faiss_filter(filter)
         _search_kwargs(kwargs)
         vectors = _vector(embedding)
         index = self.ensure_index(int(vectors.shape[1]))
@@ -441,6 +449,7 @@ class GPUPromptVectorStore(HybridStoreMixin, VectorStore):
         self, embedding: list[float], k: int = 4, filter: dict[str, Any] | None = None, **kwargs: Any
     ) -> list[tuple[Document, float]]:
         """Like :meth:`similarity_search_by_vector`, with scores (higher is more similar)."""
+        filter = _faiss_filter(filter)
         _search_kwargs(kwargs)
         return _scored(self._search(_vector(embedding), k, filter))
 
@@ -505,6 +514,7 @@ class GPUPromptVectorStore(HybridStoreMixin, VectorStore):
             lambda_mult: 1 = pure similarity, 0 = maximum diversity.
             filter: a metadata filter in the core's dict language.
         """
+        filter = _faiss_filter(filter)
         _no_kwargs("max_marginal_relevance_search", kwargs)
         vectors = self.embed_query_matrix(query)
         return self._mmr(vectors, k, fetch_k, lambda_mult, filter)
@@ -519,6 +529,7 @@ class GPUPromptVectorStore(HybridStoreMixin, VectorStore):
         **kwargs: Any,
     ) -> list[Document]:
         """Async :meth:`max_marginal_relevance_search`."""
+        filter = _faiss_filter(filter)
         _no_kwargs("amax_marginal_relevance_search", kwargs)
         vectors = await self.aembed_query_matrix(query)
         return await self._ammr(vectors, k, fetch_k, lambda_mult, filter)
@@ -533,6 +544,7 @@ class GPUPromptVectorStore(HybridStoreMixin, VectorStore):
         **kwargs: Any,
     ) -> list[Document]:
         """:meth:`max_marginal_relevance_search` from an embedding vector."""
+        filter = _faiss_filter(filter)
         _no_kwargs("max_marginal_relevance_search_by_vector", kwargs)
         return self._mmr(_vector(embedding), k, fetch_k, lambda_mult, filter)
 
@@ -546,6 +558,7 @@ class GPUPromptVectorStore(HybridStoreMixin, VectorStore):
         **kwargs: Any,
     ) -> list[Document]:
         """Async :meth:`max_marginal_relevance_search_by_vector`."""
+        filter = _faiss_filter(filter)
         _no_kwargs("amax_marginal_relevance_search_by_vector", kwargs)
         return await self._ammr(_vector(embedding), k, fetch_k, lambda_mult, filter)
 

@@ -73,6 +73,28 @@ def test_filters_use_the_core_language_and_prefilter(store: GPUPromptVectorStore
         store.similarity_search("x", k=3, filter={"price": {"$between": [1, 2]}})
 
 
+def test_a_bare_list_means_one_of_as_in_faiss(store: GPUPromptVectorStore, lc_embeddings) -> None:  # noqa: ANN001
+    """LangChain's FAISS reads ``{"color": ["red", "blue"]}`` as one-of; so does this store, in every
+    search (a list-valued field is not equal to a bare list, as in FAISS; ``$eq`` says equality)."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        from langchain_community.vectorstores import FAISS
+
+    faiss = FAISS.from_documents(CATALOGUE, lc_embeddings)
+    for condition in ({"color": ["red", "blue"]}, {"$or": [{"color": ["green"]}, {"price": 99}]}, {"tags": ["shoes"]},
+                      {"color": {"$neq": "red"}}):
+        want = {d.id for d in faiss.similarity_search("clothes", k=10, filter=condition, fetch_k=10)}
+        assert {d.id for d in store.similarity_search("clothes", k=10, filter=condition)} == want, condition
+    assert {d.id for d in store.similarity_search("clothes", k=10, filter={"color": ["red", "blue"]})} == {"p1", "p2", "p3"}
+    assert {d.id for d in store.max_marginal_relevance_search("clothes", k=3, filter={"color": ["red", "blue"]})} \
+        <= {"p1", "p2", "p3"}
+    assert {d.id for d in store.hybrid_search("red", k=10, filter={"color": ["red", "blue"]})} == {"p1", "p2", "p3"}
+    assert {d.id for d in store.lexical_search("red", k=10, filter={"color": ["white", "red"]})} == {"p1", "p3"}
+    assert [d.id for d in store.similarity_search("x", k=3, filter={"tags": {"$eq": ["trousers"]}})] == ["p2"]
+
+
 def test_mmr_trades_similarity_for_diversity(lc_embeddings: GPUPromptEmbeddings) -> None:
     texts = ["red summer dress", "red summer dress!", "a red dress for summer", "waterproof hiking boots"]
     store = GPUPromptVectorStore.from_texts(
