@@ -102,7 +102,9 @@ def _words_plan(query: VectorStoreQuery, mode: str, k: int) -> tuple[int, dict[s
     if mode == VectorStoreQueryMode.TEXT_SEARCH.value:
         return (sparse if sparse is not None else k), {"text": text}
     final = check_int(query.hybrid_top_k, "query.hybrid_top_k", min=1, allow_none=True)
-    plan: dict[str, Any] = {"text": text, "alpha": query.alpha}
+    # checked here too, so an empty store or similarity_top_k=0 refuses a bad alpha as the search would
+    alpha = check_number(query.alpha, "query.alpha", min=0.0, max=1.0, allow_none=True)
+    plan: dict[str, Any] = {"text": text, "alpha": alpha}
     if final is not None:  # LlamaIndex's meaning: similarity_top_k / sparse_top_k candidates, hybrid_top_k kept
         plan["fetch_k"] = max(final, k, sparse or 0)
         k = final

@@ -379,3 +379,14 @@ def test_wraps_an_existing_core_index(nodes, li_embed) -> None:
     store.add(nodes[:5])
     assert len(index) == 5
     assert store.query(_query(li_embed, "dress", k=2)).nodes[0].relationships[NodeRelationship.SOURCE]
+
+
+@pytest.mark.parametrize("alpha", [2.0, -0.1, float("nan"), True])
+def test_a_bad_alpha_is_refused_even_when_nothing_would_be_searched(alpha) -> None:
+    """An empty store, or similarity_top_k=0, must not hide a bad ``alpha`` (the search would refuse it)."""
+    store = GPUPromptVectorStore()
+    for top_k in (0, 3):
+        query = VectorStoreQuery(query_str="red", mode=VectorStoreQueryMode.HYBRID, alpha=alpha, similarity_top_k=top_k,
+                                 query_embedding=[0.1] * 8)
+        with pytest.raises(InvalidInputError, match="alpha"):
+            store.query(query)
