@@ -124,7 +124,7 @@ def test_llamaindex_hybrid_and_text_search_end_to_end(embedder, products, asked)
     assert result.ids[0] == asked[2][1]
     with pytest.raises(InvalidInputError, match="query_str"):
         store.query(VectorStoreQuery(query_str=" ", similarity_top_k=2, mode=VectorStoreQueryMode.TEXT_SEARCH))
-    with pytest.raises(InvalidInputError, match="'alpha'"):
+    with pytest.raises(InvalidInputError, match="'query.alpha'"):
         index.as_retriever(vector_store_query_mode="hybrid", alpha=-1.0).retrieve(questions[0])
 
 
