@@ -68,13 +68,15 @@ def _no_kwargs(method: str, kwargs: dict[str, Any]) -> None:
         )
 
 
-def _search_kwargs(kwargs: dict[str, Any]) -> None:
+def _search_kwargs(kwargs: dict[str, Any], filter: Any = None) -> Any:
+    """Refuse unknown search keywords; return ``filter`` in the core's language (:func:`_faiss_filter`)."""
     kwargs.pop("fetch_k", None)  # community FAISS compatibility: our pre-filter needs no over-fetch
     if kwargs:
         raise InvalidInputError(
             f"unexpected search keyword argument(s) {sorted(kwargs)}; valid: 'k', 'filter' "
             "(and 'score_threshold' for the relevance-score search)."
         )
+    return _faiss_filter(filter)
 
 
 def _listed(value: Any, name: str, what: str) -> list[Any]:

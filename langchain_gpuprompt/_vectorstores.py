@@ -390,14 +390,12 @@ class GPUPromptVectorStore(HybridStoreMixin, VectorStore):
             **kwargs: ``fetch_k`` is accepted for drop-in compatibility with FAISS and ignored
                 (the index pre-filters, so it never needs to over-fetch by hand).
         """
-        filter = _faiss_filter(filter)
         return [doc for doc, _ in self.similarity_search_with_score(query, k, filter=filter, **kwargs)]
 
     async def asimilarity_search(
         self, query: str, k: int = 4, filter: dict[str, Any] | None = None, **kwargs: Any
     ) -> list[Document]:
         """Async :meth:`similarity_search`: concurrent searches run as one batched index search."""
-        filter = _faiss_filter(filter)
         return [doc for doc, _ in await self.asimilarity_search_with_score(query, k, filter=filter, **kwargs)]
 
     def similarity_search_with_score(
@@ -405,8 +403,7 @@ class GPUPromptVectorStore(HybridStoreMixin, VectorStore):
     ) -> list[tuple[Document, float]]:
         """Like :meth:`similarity_search`, with each document's score (higher is more similar:
         cosine similarity, inner product, or ``1 / (1 + squared L2)`` by metric)."""
-        filter = _faiss_filter(filter)
-        _search_kwargs(kwargs)
+        filter = _search_kwargs(kwargs, filter)
         text_index = self._text_index()
         if text_index is not None:  # one request: the server embeds and searches
             self.embedding.embedder.load()  # the served model is checked once (a cached answer after that)
@@ -418,8 +415,7 @@ class GPUPromptVectorStore(HybridStoreMixin, VectorStore):
         self, query: str, k: int = 4, filter: dict[str, Any] | None = None, **kwargs: Any
     ) -> list[tuple[Document, float]]:
         """Async :meth:`similarity_search_with_score`."""
-        filter = _faiss_filter(filter)
-        _search_kwargs(kwargs)
+        filter = _search_kwargs(kwargs, filter)
         text_index = self._text_index()
         if text_index is not None:  # one request: the server embeds and searches
             await self.embedding.embedder.aload()
@@ -432,15 +428,13 @@ class GPUPromptVectorStore(HybridStoreMixin, VectorStore):
         self, embedding: list[float], k: int = 4, filter: dict[str, Any] | None = None, **kwargs: Any
     ) -> list[Document]:
         """The ``k`` documents most similar to an embedding vector."""
-        filter = _faiss_filter(filter)
         return [doc for doc, _ in self.similarity_search_with_score_by_vector(embedding, k, filter=filter, **kwargs)]
 
     async def asimilarity_search_by_vector(
         self, embedding: list[float], k: int = 4, filter: dict[str, Any] | None = None, **kwargs: Any
     ) -> list[Document]:
         """Async :meth:`similarity_search_by_vector`."""
-        filter = _faiss_filter(filter)
-        _search_kwargs(kwargs)
+        filter = _search_kwargs(kwargs, filter)
         vectors = _vector(embedding)
         index = self.ensure_index(int(vectors.shape[1]))
         return [doc for doc, _ in _scored((await index.asearch(vectors, k, filter=filter))[0])]
@@ -449,8 +443,7 @@ class GPUPromptVectorStore(HybridStoreMixin, VectorStore):
         self, embedding: list[float], k: int = 4, filter: dict[str, Any] | None = None, **kwargs: Any
     ) -> list[tuple[Document, float]]:
         """Like :meth:`similarity_search_by_vector`, with scores (higher is more similar)."""
-        filter = _faiss_filter(filter)
-        _search_kwargs(kwargs)
+        filter = _search_kwargs(kwargs, filter)
         return _scored(self._search(_vector(embedding), k, filter))
 
     def as_retriever(self, **kwargs: Any) -> GPUPromptRetriever:
@@ -514,7 +507,6 @@ class GPUPromptVectorStore(HybridStoreMixin, VectorStore):
             lambda_mult: 1 = pure similarity, 0 = maximum diversity.
             filter: a metadata filter in the core's dict language.
         """
-        filter = _faiss_filter(filter)
         _no_kwargs("max_marginal_relevance_search", kwargs)
         vectors = self.embed_query_matrix(query)
         return self._mmr(vectors, k, fetch_k, lambda_mult, filter)
@@ -529,7 +521,6 @@ class GPUPromptVectorStore(HybridStoreMixin, VectorStore):
         **kwargs: Any,
     ) -> list[Document]:
         """Async :meth:`max_marginal_relevance_search`."""
-        filter = _faiss_filter(filter)
         _no_kwargs("amax_marginal_relevance_search", kwargs)
         vectors = await self.aembed_query_matrix(query)
         return await self._ammr(vectors, k, fetch_k, lambda_mult, filter)
@@ -544,7 +535,6 @@ class GPUPromptVectorStore(HybridStoreMixin, VectorStore):
         **kwargs: Any,
     ) -> list[Document]:
         """:meth:`max_marginal_relevance_search` from an embedding vector."""
-        filter = _faiss_filter(filter)
         _no_kwargs("max_marginal_relevance_search_by_vector", kwargs)
         return self._mmr(_vector(embedding), k, fetch_k, lambda_mult, filter)
 
@@ -558,7 +548,6 @@ class GPUPromptVectorStore(HybridStoreMixin, VectorStore):
         **kwargs: Any,
     ) -> list[Document]:
         """Async :meth:`max_marginal_relevance_search_by_vector`."""
-        filter = _faiss_filter(filter)
         _no_kwargs("amax_marginal_relevance_search_by_vector", kwargs)
         return await self._ammr(_vector(embedding), k, fetch_k, lambda_mult, filter)
 
@@ -566,14 +555,15 @@ class GPUPromptVectorStore(HybridStoreMixin, VectorStore):
         self, vectors: Any, k: int, fetch_k: int, lambda_mult: float, filter: dict[str, Any] | None
     ) -> list[Document]:
         index = self.ensure_index(int(vectors.shape[1]))
-        hits = index.mmr(vectors[0], k=k, fetch_k=fetch_k, lambda_mult=lambda_mult, filter=filter)
+        hits = index.mmr(vectors[0], k=k, fetch_k=fetch_k, lambda_mult=lambda_mult, filter=_faiss_filter(filter))
         return [_hit_document(hit) for hit in hits]
 
     async def _ammr(
         self, vectors: Any, k: int, fetch_k: int, lambda_mult: float, filter: dict[str, Any] | None
     ) -> list[Document]:
         index = self.ensure_index(int(vectors.shape[1]))
-        hits = await index.ammr(vectors[0], k=k, fetch_k=fetch_k, lambda_mult=lambda_mult, filter=filter)
+        hits = await index.ammr(vectors[0], k=k, fetch_k=fetch_k, lambda_mult=lambda_mult,
+                                filter=_faiss_filter(filter))
         return [_hit_document(hit) for hit in hits]
 
     # ------------------------------------------------------------------ constructors

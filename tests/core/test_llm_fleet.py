@@ -251,7 +251,9 @@ def test_cancelling_a_stream_aborts_it_on_its_server(engine: LLMEngine, fleet: F
     generated = metric(url, GENERATED) - generated_before
     time.sleep(1.0)
     assert metric(url, GENERATED) - generated_before == generated, "tokens were still generated after the abort"
-    assert generated < LONG_TOKENS / 2, f"{generated} of {LONG_TOKENS} tokens generated: not aborted early"
+    # EOS is banned, so only an abort ends it before max_tokens. (How many tokens ran before the cancel
+    # reached the server depends on the machine's load: half of them in one run of the full suite.)
+    assert generated < LONG_TOKENS, f"{generated} of {LONG_TOKENS} tokens generated: it ran to max_tokens, not aborted"
     assert streamed >= 1 and stopped_in < 15
     assert wait_until(lambda: engine.stats().in_flight == 0, 10)
     assert engine.stats().aborted == aborted_before + 1
