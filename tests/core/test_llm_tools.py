@@ -107,6 +107,13 @@ def test_hostile_tool_values_are_refused() -> None:
         GenerationRequest(messages=ASK, tools=WEATHER)  # type: ignore[arg-type]
     with pytest.raises(InvalidInputError, match="used by two tools"):
         GenerationRequest(messages=ASK, tools=[WEATHER, WEATHER])
+    # an error names the tool by its place in the request, as the server's error.param does
+    bad = {"type": "function", "function": {"name": "f", "parameters": {"type": "string"}}}
+    with pytest.raises(InvalidInputError, match=r"'tools\[1\]\.function\.parameters\.type'"):
+        GenerationRequest(messages=ASK, tools=[WEATHER, bad])
+    twice = {"type": "function", "function": {"name": "g"}}
+    with pytest.raises(InvalidInputError, match=r"'tools\[1\]\.function\.name' 'g' is used by two tools"):
+        GenerationRequest(messages=ASK, tools=[twice, twice])
     with pytest.raises(InvalidInputError, match="at most 128"):
         GenerationRequest(messages=ASK, tools=[{"name": f"t{i}"} for i in range(129)])
 

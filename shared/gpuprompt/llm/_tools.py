@@ -128,8 +128,9 @@ class ToolSpec:
             if obj.get("type", "function") != "function":
                 raise fail(f"{name}.type", "'function'", obj.get("type"))
             obj = obj["function"]
+            name = f"{name}.function"  # errors name the field as the request holds it
             if not isinstance(obj, Mapping):
-                raise fail(f"{name}.function", "a dict with 'name' and 'parameters'", obj, error=InputTypeError)
+                raise fail(name, "a dict with 'name' and 'parameters'", obj, error=InputTypeError)
         unknown = sorted(str(k) for k in set(obj) - {"name", "description", "parameters", "strict"})
         if unknown:
             raise InvalidInputError(
@@ -145,8 +146,9 @@ class ToolSpec:
                 parameters=obj.get("parameters"),  # type: ignore[arg-type]
                 strict=False if strict is None else strict,
             )
-        except InvalidInputError as exc:
-            raise type(exc)(str(exc).replace("'tool.name'", f"'{name}.name'", 1)) from None
+        except InvalidInputError as exc:  # the checks name the tool by its name: name it by its place
+            message = str(exc).replace("'tool.name'", f"'{name}.name'", 1)
+            raise type(exc)(message.replace(f"'tools[{obj['name']}].", f"'{name}.", 1)) from None
 
     def to_openai(self) -> dict[str, Any]:
         """``{"type": "function", "function": {"name", "description", "parameters", "strict"}}``."""
@@ -275,11 +277,12 @@ def check_tools(value: Any) -> tuple[ToolSpec, ...]:
     tools = tuple(ToolSpec.from_openai(tool, f"tools[{i}]") for i, tool in enumerate(value))
     seen: set[str] = set()
     for i, tool in enumerate(tools):
+        where = f"tools[{i}].function" if isinstance(value[i], Mapping) and "function" in value[i] else f"tools[{i}]"
         if tool.name == ANSWER_TOOL:
-            raise InvalidInputError(f"'tools[{i}].name' {ANSWER_TOOL!r} is reserved (the prose-reply pseudo-tool); "
+            raise InvalidInputError(f"'{where}.name' {ANSWER_TOOL!r} is reserved (the prose-reply pseudo-tool); "
                                     "rename the tool.")
         if tool.name in seen:
-            raise InvalidInputError(f"'tools[{i}].name' {tool.name!r} is used by two tools; tool names must be unique.")
+            raise InvalidInputError(f"'{where}.name' {tool.name!r} is used by two tools; tool names must be unique.")
         seen.add(tool.name)
     return tools
 
