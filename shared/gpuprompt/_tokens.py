@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import operator
 from dataclasses import dataclass
 from typing import Any
 
@@ -129,16 +130,22 @@ class Tokens:
         truncated encoding stays the same (:meth:`bounded`).
 
         Cutting a pair's texts to ``max_length`` together (``longest_first``) depends on their
-        lengths only through the shorter one and which one is longer, so one text is cut when the
-        other is short enough to read whole and its prefix stays the longer of the two. A pair of two
-        very long texts is read whole.
+        lengths only through the shorter one and which one is longer (the longer keeps the odd token;
+        on a tie, the second), so one text is cut when the other is short enough to read whole and its
+        prefix stays the longer of the two. When both are very long, both are counted whole (linear
+        time) and cut to prefixes that keep which one is longer: read whole, the pair's truncation
+        builds every combination of the two texts' overflowing windows (a pair of two 300 kB texts
+        took 10 GB and 20 s).
         """
         if not self._cuts or all(len(q) <= self._cut_at and len(d) <= self._cut_at for q, d in pairs):
             return pairs
         out = list(pairs)
         for i, (query, document) in enumerate(pairs):
             long_query, long_document = len(query) > self._cut_at, len(document) > self._cut_at
-            if long_query == long_document:
+            if long_query and long_document:
+                out[i] = self._both_long(query, document)
+                continue
+            if not (long_query or long_document):
                 continue
             short = document if long_query else query
             [bounded] = self.bounded([query if long_query else document])
@@ -149,8 +156,34 @@ class Tokens:
                 out[i] = (bounded, document) if long_query else (query, bounded)
         return out
 
-    def _prefix(self, text: str) -> str | None:
-        end = max(text.rfind(space, self._cut_at // 2, self._cut_at) for space in _SPACES)
+    def _both_long(self, query: str, document: str) -> tuple[str, str]:
+        first_longer = operator.gt(*self.count([query, document]))  # the whole texts' order
+        q, d = self._longer_than(query, self.max_length + _MARGIN), self._longer_than(document, self.max_length + _MARGIN)
+        if q is None or d is None:
+            return query, document
+        (q, nq), (d, nd) = q, d
+        if first_longer and nq <= nd:
+            q, nq = self._longer_than(query, nd) or (query, nq)
+        elif not first_longer and nq > nd:
+            d, nd = self._longer_than(document, nq - 1) or (document, nd)
+        return (q, d) if (nq > nd) == first_longer else (query, document)
+
+    def _longer_than(self, text: str, tokens: int) -> tuple[str, int] | None:
+        """The shortest of ever longer prefixes of ``text`` (cut as :meth:`_prefix`) holding more
+        than ``tokens`` tokens, with its count; None if no prefix does."""
+        at = self._cut_at
+        while at < len(text):
+            prefix = self._prefix(text, at)
+            if prefix is not None:
+                [n] = self.count([prefix])
+                if n > tokens:
+                    return prefix, n
+            at *= 2
+        return None
+
+    def _prefix(self, text: str, at: int | None = None) -> str | None:
+        at = at or self._cut_at
+        end = max(text.rfind(space, at // 2, at) for space in _SPACES)
         return text[:end] if end > 0 else None
 
     def _prefix_is_exact(self) -> bool:
