@@ -119,13 +119,11 @@ class HybridStoreMixin:
     def lexical_search(self, query: str, k: int = 4, filter: dict[str, Any] | None = None,
                        **kwargs: Any) -> list[Document]:
         """:meth:`lexical_search_with_score` without the scores."""
-        filter = _faiss_filter(filter)
         return [doc for doc, _ in self.lexical_search_with_score(query, k, filter, **kwargs)]
 
     async def alexical_search(self, query: str, k: int = 4, filter: dict[str, Any] | None = None,
                               **kwargs: Any) -> list[Document]:
         """Async :meth:`lexical_search`."""
-        filter = _faiss_filter(filter)
         return [doc for doc, _ in await self.alexical_search_with_score(query, k, filter, **kwargs)]
 
     # ------------------------------------------------------------------ hybrid
@@ -190,13 +188,11 @@ class HybridStoreMixin:
     def hybrid_search(self, query: str, k: int = 4, filter: dict[str, Any] | None = None,
                       **kwargs: Any) -> list[Document]:
         """:meth:`hybrid_search_with_score` without the scores."""
-        filter = _faiss_filter(filter)
         return [doc for doc, _ in self.hybrid_search_with_score(query, k, filter, **kwargs)]
 
     async def ahybrid_search(self, query: str, k: int = 4, filter: dict[str, Any] | None = None,
                              **kwargs: Any) -> list[Document]:
         """Async :meth:`hybrid_search`."""
-        filter = _faiss_filter(filter)
         return [doc for doc, _ in await self.ahybrid_search_with_score(query, k, filter, **kwargs)]
 
 

@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["Encoded", "Tokens"]
+__all__ = ["LOOP_CHARS", "Encoded", "Tokens", "quick_on_loop"]
 
 logger = logging.getLogger("gpuprompt.embed")
 
@@ -46,6 +46,16 @@ _CHARS_PER_TOKEN = 16
 _MARGIN = 8
 """Tokens a prefix must hold past ``max_length`` before it stands for the whole text."""
 _SPACES = (" ", "\n", "\t", "\r")
+LOOP_CHARS = 65_536
+"""Most characters an async call tokenises on the event loop thread; more go to a worker thread."""
+
+
+def quick_on_loop(items: int, chars: int, max_items: int) -> bool:
+    """Whether an async call may tokenise ``items`` texts of ``chars`` characters in all on the loop
+    thread (few and short: the thread hop would cost more); otherwise a worker thread does it."""
+    return items <= max_items and chars <= LOOP_CHARS
+
+
 _CUT_PROBES = (
     "a long text " * 2000,
     "Mixed CASE, punctuation!? and digits 12345; accents: naïve café — “quotes” emoji 🙂 and CJK 東京\n" * 400,

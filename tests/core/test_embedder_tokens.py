@@ -201,3 +201,12 @@ async def test_the_event_loop_never_tokenises_a_long_text_nor_waits_for_the_toke
     results = await asyncio.wait_for(asyncio.gather(*pending), 60)
     holder.join(30)
     assert [r.shape for r in results[:2]] == [(1, embedder.dim)] * 2 and results[2] == embedder.count_tokens(["another short text"])
+
+
+async def test_truncate_takes_only_a_bool(embedder) -> None:  # noqa: ANN001
+    from gpuprompt.errors import InputTypeError
+
+    with pytest.raises(InputTypeError, match="truncate"):
+        embedder.count_tokens(["a"], truncate="no")
+    with pytest.raises(InputTypeError, match="truncate"):
+        await embedder.acount_tokens(["a"], truncate=1)

@@ -24,7 +24,7 @@ from gpuprompt._bf16 import pack_for_cpu_bf16
 from gpuprompt._int8 import SlicedSession
 from gpuprompt._loaded import LoadedModel, onnx_on_device_error
 from gpuprompt._memory import HeapTrim
-from gpuprompt._tokens import Encoded, Tokens
+from gpuprompt._tokens import Encoded, Tokens, quick_on_loop
 from gpuprompt.batching import MicroBatcher, check_priority
 from gpuprompt.device import default_dtype, resolve_device
 from gpuprompt.embed._cache import EmbeddingCache
@@ -32,7 +32,7 @@ from gpuprompt.embed._config import EmbedderConfig, EmbedderStats, validate_text
 from gpuprompt.embed._guard import QualityReport
 from gpuprompt.errors import ClosedError, ConfigurationError, DependencyError, DeviceOutOfMemoryError, ModelLoadError
 from gpuprompt.models import BUNDLED_EMBEDDING_MODEL, resolve_embedding_model
-from gpuprompt.validation import check_options
+from gpuprompt.validation import check_bool, check_options
 
 if TYPE_CHECKING:
     import torch
@@ -42,12 +42,11 @@ __all__ = ["Embedder"]
 logger = logging.getLogger(__name__)
 
 _ASYNC_INLINE_LIMIT = 64  # aembed prepares at most this many texts on the loop thread
-_ASYNC_INLINE_CHARS = 65_536  # ... and at most this many characters (hashing, reading long texts' prefixes)
 
 
 def _inline(texts: list[str]) -> bool:
     """Whether the loop thread may prepare ``texts`` itself (quick: few, short texts)."""
-    return len(texts) <= _ASYNC_INLINE_LIMIT and sum(map(len, texts)) <= _ASYNC_INLINE_CHARS
+    return quick_on_loop(len(texts), sum(map(len, texts)), _ASYNC_INLINE_LIMIT)
 
 
 @dataclass
@@ -387,9 +386,10 @@ class Embedder(LoadedModel):
         (for budgets of text that is not embedded, such as a prompt). Loads the model.
 
         Raises:
-            InputTypeError: ``texts`` is not a list of str.
+            InputTypeError: ``texts`` is not a list of str, or ``truncate`` not a bool.
         """
         texts = validate_texts(texts)
+        check_bool(truncate, "truncate")
         self.load()
         if not texts:
             return []
@@ -405,6 +405,7 @@ class Embedder(LoadedModel):
             InputTypeError: ``texts`` is not a list of str.
         """
         texts = validate_texts(texts)
+        check_bool(truncate, "truncate")
         await self.aload()
         if not texts:
             return []

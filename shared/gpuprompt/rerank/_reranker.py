@@ -27,7 +27,7 @@ from gpuprompt._bf16 import pack_for_cpu_bf16
 from gpuprompt._int8 import SlicedSession
 from gpuprompt._loaded import LoadedModel, onnx_on_device_error
 from gpuprompt._memory import HeapTrim
-from gpuprompt._tokens import Tokens
+from gpuprompt._tokens import Tokens, quick_on_loop
 from gpuprompt.batching import MicroBatcher, check_priority
 from gpuprompt.device import default_dtype, resolve_device
 from gpuprompt.errors import (
@@ -53,7 +53,6 @@ __all__ = ["Reranker", "check_documents", "check_top_n"]
 logger = logging.getLogger(__name__)
 
 _ASYNC_INLINE_LIMIT = 32  # arerank tokenises at most this many pairs on the loop thread
-_ASYNC_INLINE_CHARS = 65_536  # ... and at most this many characters
 _SANE_MAX_LENGTH = 100_000  # tokenizers without a limit report 1e30
 _OFFSET_POSITIONS = ("roberta", "xlm-roberta", "camembert", "longformer", "mpnet", "data2vec-text", "ibert")
 """Model types whose position ids start past the padding index (two of their positions hold no token)."""
@@ -453,10 +452,10 @@ class Reranker(LoadedModel):
         if not checked:
             return []
         await self.aload()
-        if len(checked) > _ASYNC_INLINE_LIMIT or sum(len(q) + len(d) for q, d in checked) > _ASYNC_INLINE_CHARS:
-            keys, known, fresh = await asyncio.to_thread(self._prepare, checked)
-        else:
+        if _inline(checked):
             keys, known, fresh = self._prepare(checked)
+        else:
+            keys, known, fresh = await asyncio.to_thread(self._prepare, checked)
         futures = [asyncio.wrap_future(f) for f in self._submit(fresh, priority)]
         try:
             scores = await asyncio.gather(*futures)
@@ -527,6 +526,12 @@ class Reranker(LoadedModel):
                                   max_length=self._max_length)
         return sum(len(ids) for ids in encoded["input_ids"])
 
+    async def acount_tokens(self, pairs: Sequence[tuple[str, str]]) -> int:
+        """Async :meth:`count_tokens`: on the loop thread only for a few short pairs, else on a worker thread."""
+        checked = self._check_pairs(pairs)
+        await self.aload()
+        return self.count_tokens(checked) if _inline(checked) else await asyncio.to_thread(self.count_tokens, checked)
+
     def stats(self) -> RerankerStats:
         """The reranker's counters."""
         with self._lock:
@@ -549,6 +554,11 @@ class Reranker(LoadedModel):
             batcher.close()
         if hasattr(forward, "close"):
             forward.close()
+
+
+def _inline(pairs: list[tuple[str, str]]) -> bool:
+    """Whether the loop thread may tokenise ``pairs`` itself (quick: few, short pairs)."""
+    return quick_on_loop(len(pairs), sum(len(q) + len(d) for q, d in pairs), _ASYNC_INLINE_LIMIT)
 
 
 def _activation(asked: str, config: Any, path: str | None = None) -> str:

@@ -9,7 +9,6 @@ naming the flag.
 
 from __future__ import annotations
 
-import asyncio
 import time
 import uuid
 from typing import Any
@@ -40,8 +39,6 @@ __all__ = ["router"]
 
 router = APIRouter()
 
-_INLINE_PAIRS = 32  # count a request's tokens on the loop thread only up to this many pairs
-_INLINE_CHARS = 65_536  # ... and this many characters
 
 
 def _reranker(server: ServerState, model: str | None):
@@ -58,10 +55,8 @@ def _reranker(server: ServerState, model: str | None):
     return reranker
 
 
-async def _usage(reranker: object, pairs: list[tuple[str, str]]) -> RerankUsage:
-    count = reranker.count_tokens  # type: ignore[attr-defined]
-    inline = len(pairs) <= _INLINE_PAIRS and sum(len(q) + len(d) for q, d in pairs) <= _INLINE_CHARS
-    tokens = count(pairs) if inline else await asyncio.to_thread(count, pairs)
+async def _usage(reranker: Any, pairs: list[tuple[str, str]]) -> RerankUsage:
+    tokens = await reranker.acount_tokens(pairs)  # off the loop unless quick
     return RerankUsage(total_tokens=tokens, prompt_tokens=tokens)
 
 
