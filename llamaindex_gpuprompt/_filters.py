@@ -12,7 +12,7 @@ from gpuprompt.errors import FilterError, InvalidInputError, describe
 from gpuprompt.validation import MAX_DEPTH, check_text
 from llama_index.core.vector_stores.types import FilterCondition, FilterOperator, MetadataFilter, MetadataFilters
 
-__all__ = ["RESERVED_KEY", "is_reserved_key", "to_core_filter"]
+__all__ = ["DOCUMENT_KEYS", "RESERVED_KEY", "is_reserved_key", "to_core_filter"]
 
 RESERVED_KEY = "_llamaindex_node"
 """The metadata key under which ``GPUPromptVectorStore`` keeps its own bookkeeping per node.
@@ -21,6 +21,12 @@ The core resolves a dotted field name such as ``"_llamaindex_node.ref_doc_id"`` 
 that name first, then by walking nested dicts; so both the key itself and every key starting with
 ``"_llamaindex_node."`` are reserved: user metadata may not hold them and user filters may not
 name them (they would read the store's bookkeeping, not the user's metadata)."""
+
+DOCUMENT_KEYS = frozenset({"doc_id", "ref_doc_id", "document_id"})
+"""Filter keys that name a node's source document, as in LlamaIndex's own stores: their
+``node_to_metadata_dict`` writes the node's ``ref_doc_id`` under all three keys (over any user value
+of the same name), so a filter on any of them selects nodes by document. Here they read the
+document id the store keeps in its bookkeeping."""
 
 _COMPARE = {
     FilterOperator.EQ: "$eq",
@@ -45,7 +51,9 @@ def to_core_filter(filters: MetadataFilters | None) -> dict[str, Any] | None:
     ``NIN`` -> ``$nin``, ``ANY`` -> ``$or`` of ``$contains``, ``ALL`` -> ``$and`` of ``$contains``,
     ``TEXT_MATCH`` and ``CONTAINS`` -> ``$contains``, ``TEXT_MATCH_INSENSITIVE`` -> ``$icontains``,
     ``IS_EMPTY`` -> missing, None, ``""`` or ``[]``. Conditions: ``AND`` -> ``$and``, ``OR`` -> ``$or``,
-    ``NOT`` -> ``$not`` of the ``$or`` of the filters (LlamaIndex's "none of them match").
+    ``NOT`` -> ``$not`` of the ``$or`` of the filters (LlamaIndex's "none of them match"). The keys
+    ``doc_id``, ``ref_doc_id`` and ``document_id`` select by the node's source document, as they do
+    in LlamaIndex's own stores (:data:`DOCUMENT_KEYS`).
 
     Example:
         >>> from llama_index.core.vector_stores import MetadataFilter, MetadataFilters
@@ -137,6 +145,8 @@ def _clause(item: MetadataFilter, path: str) -> dict[str, Any]:
             "restrict by node or document with VectorStoreQuery(node_ids=..., doc_ids=...) instead",
             path=path,
         )
+    if key in DOCUMENT_KEYS:
+        key = f"{RESERVED_KEY}.ref_doc_id"
     if op in _COMPARE:
         return {key: {_COMPARE[op]: value}}
     if op in (FilterOperator.IN, FilterOperator.NIN):

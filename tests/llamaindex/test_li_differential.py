@@ -49,6 +49,10 @@ FILTERS: list[MetadataFilters | None] = [
     MetadataFilters(
         filters=[F(key="type", value="dress"), F(key="price", value=100, operator=OP.GT)], condition=FilterCondition.NOT
     ),
+    # LlamaIndex's stores write the node's ref_doc_id under these three keys: filtering by document.
+    MetadataFilters(filters=[F(key="doc_id", value="doc-dress")]),
+    MetadataFilters(filters=[F(key="ref_doc_id", value=["doc-coat", "doc-jeans"], operator=OP.IN)]),
+    MetadataFilters(filters=[F(key="document_id", value="doc-dress", operator=OP.NE), F(key="price", value=80, operator=OP.LT)]),
 ]
 
 
