@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from gpuprompt.errors import ConfigurationError, InputTypeError, InvalidInputError, describe
 from gpuprompt.llm import check_call_policy
 from gpuprompt.runtime import connect
+from gpuprompt.validation import configuration_error
 from llama_index.core.base.llms.types import (
     ChatMessage,
     ChatResponse,
@@ -32,7 +33,7 @@ from llama_index.core.base.llms.types import (
     LLMMetadata,
     MessageRole,
 )
-from llama_index.core.bridge.pydantic import ConfigDict, Field, PrivateAttr
+from llama_index.core.bridge.pydantic import ConfigDict, Field, PrivateAttr, ValidationError
 from llama_index.core.llms.callbacks import llm_chat_callback, llm_completion_callback
 from llama_index.core.llms.function_calling import FunctionCallingLLM
 from llama_index.core.llms.llm import ToolSelection
@@ -82,6 +83,35 @@ _CALL_OPTIONS = (
     "guided_regex",
     "guided_choice",
 )
+
+
+_STOCK_NAMES = {"model_name": "model", "max_new_tokens": "max_tokens", "context_window": "max_model_len"}
+"""``HuggingFaceLLM``'s names for the same settings, accepted so that a swap keeps its arguments."""
+_PROMPT_HOOKS = ("messages_to_prompt", "completion_to_prompt", "query_wrapper_prompt")
+
+
+def _stock_names(model: str | None, kwargs: dict[str, Any]) -> str | None:
+    """Read ``HuggingFaceLLM``'s argument names as ours (in ``kwargs``, in place); refuse its prompt
+    hooks, which this class would not call. Returns the model argument."""
+    for hook in _PROMPT_HOOKS:
+        if kwargs.get(hook) is not None:
+            raise ConfigurationError(
+                f"GPUPromptLLM formats every prompt with the model's own chat template, so '{hook}' would never be "
+                "called; drop it (to change the template, give the model folder a chat_template, or put "
+                "instructions in system_prompt)."
+            )
+    for stock, ours in _STOCK_NAMES.items():
+        if stock not in kwargs:
+            continue
+        value = kwargs.pop(stock)
+        given = model if ours == "model" else kwargs.get(ours)
+        if given is not None:
+            raise ConfigurationError(f"GPUPromptLLM got both '{stock}' and '{ours}' (the same setting); pass one.")
+        if ours == "model":
+            model = value
+        else:
+            kwargs[ours] = value
+    return model
 
 
 def _usage_dict(usage: Usage | None) -> dict[str, int]:
@@ -188,6 +218,13 @@ class GPUPromptLLM(StructuredOutputMixin, FunctionCallingLLM):
         base_url: a running ``gpuprompt serve`` (remote mode); None reads ``GPUPROMPT_URL``.
         api_key: that server's API key; None reads ``GPUPROMPT_API_KEY`` with ``GPUPROMPT_URL``.
         **kwargs: the fields below and those of ``LLM`` (``system_prompt``, ``callback_manager``, ...).
+            ``HuggingFaceLLM``'s names ``model_name``, ``max_new_tokens`` and ``context_window`` are read
+            as ``model``, ``max_tokens`` and ``max_model_len``.
+
+    Raises:
+        ConfigurationError: an unknown option, a value of the wrong type or out of range, or one of
+            ``HuggingFaceLLM``'s prompt hooks (``messages_to_prompt``, ``completion_to_prompt``,
+            ``query_wrapper_prompt``): prompts here always go through the model's chat template.
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -237,8 +274,12 @@ class GPUPromptLLM(StructuredOutputMixin, FunctionCallingLLM):
             if not isinstance(engine, LLMEngine):
                 raise ConfigurationError(f"'engine' must be a gpuprompt.LLMEngine or None (got {describe(engine)}).")
             model = engine.config.model
+        model = _stock_names(model, kwargs)
         check_options("engine_options", kwargs.get("engine_options"), ("model", "backend", "device", "max_model_len"))
-        super().__init__(model=model, **kwargs)
+        try:
+            super().__init__(model=model, **kwargs)
+        except ValidationError as exc:  # a field of the wrong type or out of range: our typed error, naming it
+            raise configuration_error(exc, "GPUPromptLLM") from exc
         check_call_policy(self.timeout, self.max_retries)
         self._runtime = connect(
             self.base_url,

@@ -29,6 +29,7 @@ __all__ = ["GPUPromptRerank"]
 
 _CORE = RerankerConfig()
 _LLAMA_MAX_LENGTH = 512  # SentenceTransformerRerank's max_length
+_POSITIONAL = ("top_n", "model", "device", "keep_retrieval_score")  # SentenceTransformerRerank's order
 
 
 class GPUPromptRerank(BaseNodePostprocessor):
@@ -78,7 +79,17 @@ class GPUPromptRerank(BaseNodePostprocessor):
     _runtime: Runtime | RemoteRuntime | None = PrivateAttr(default=None)
     _reranker: RerankerLike | None = PrivateAttr(default=None)
 
-    def __init__(self, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        # SentenceTransformerRerank's positional order: GPUPromptRerank(3) is top_n=3, as there.
+        if len(args) > len(_POSITIONAL):
+            raise ConfigurationError(
+                f"GPUPromptRerank takes at most {len(_POSITIONAL)} positional arguments ({', '.join(_POSITIONAL)}), "
+                f"as SentenceTransformerRerank does (got {len(args)}); pass the others by name."
+            )
+        for name, value in zip(_POSITIONAL, args):
+            if name in kwargs:
+                raise ConfigurationError(f"GPUPromptRerank got '{name}' twice: by position and by name; pass it once.")
+            kwargs[name] = value
         check_top_n(kwargs.get("top_n"), error=ConfigurationError)  # before pydantic would read True as 1
         try:
             super().__init__(**kwargs)

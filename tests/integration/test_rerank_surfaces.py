@@ -113,6 +113,14 @@ def test_llamaindex_order_equals_sentence_transformer_rerank(cross_encoder_path:
     for top_n in (0, "3", True):  # the same setting error as the LangChain class
         with pytest.raises(ConfigurationError, match="top_n"):
             GPUPromptRerank(model=cross_encoder_path, top_n=top_n)
+    # SentenceTransformerRerank's positional order (top_n, model, device, keep_retrieval_score)
+    positional = GPUPromptRerank(3, cross_encoder_path, "cpu", True)
+    assert (positional.top_n, positional.model, positional.device, positional.keep_retrieval_score) == (
+        3, cross_encoder_path, "cpu", True)
+    with pytest.raises(ConfigurationError, match="'top_n' twice"):
+        GPUPromptRerank(3, top_n=2)
+    with pytest.raises(ConfigurationError, match="at most 4 positional"):
+        GPUPromptRerank(3, cross_encoder_path, "cpu", True, 5)
 
 
 async def test_llamaindex_async_query_engine(cross_encoder_path: str, docs) -> None:

@@ -507,6 +507,36 @@ def test_index_options_fail_at_construction(kwargs, match) -> None:
         GPUPromptVectorStore(**kwargs)
 
 
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"max_tokens": 0}, "'max_tokens'"),
+        ({"temperature": -1}, "'temperature'"),
+        ({"top_p": 0}, "'top_p'"),
+        ({"bogus": 1}, "'bogus' is not an option of GPUPromptLLM"),
+        ({"device_map": "auto"}, "'device_map' is not an option"),
+        ({"messages_to_prompt": lambda messages: "x"}, "'messages_to_prompt' would never be called"),
+        ({"completion_to_prompt": lambda prompt: prompt}, "'completion_to_prompt' would never be called"),
+        ({"model_name": "a", "model": "b"}, "both 'model_name' and 'model'"),
+        ({"max_new_tokens": 8, "max_tokens": 9}, "both 'max_new_tokens' and 'max_tokens'"),
+    ],
+    ids=lambda value: repr(sorted(value)) if isinstance(value, dict) else value,
+)
+def test_llm_constructor_errors_are_typed(kwargs, match) -> None:
+    """Loads nothing: the settings are checked at construction, with our typed error."""
+    from llamaindex_gpuprompt import GPUPromptLLM
+
+    with pytest.raises(ConfigurationError, match=match):
+        GPUPromptLLM(**kwargs)
+
+
+def test_llm_reads_huggingface_llm_argument_names() -> None:
+    from llamaindex_gpuprompt import GPUPromptLLM
+
+    llm = GPUPromptLLM(model_name=None, max_new_tokens=12, context_window=1024)
+    assert (llm.model, llm.max_tokens, llm.max_model_len) == (None, 12, 1024)
+
+
 # ----------------------------------------------------------------------------- embedding
 async def test_a_bare_str_is_not_embedded_character_by_character(li_embed) -> None:
     with pytest.raises(InputTypeError, match="'texts' must be a list of str .*Wrap a single text in a list"):
