@@ -82,6 +82,14 @@ class GPUPromptContextMemoryBlock(BaseMemoryBlock[str]):
         >>> # use `memory` in a chat engine or agent as usual
         >>> shared = GPUPromptContextMemoryBlock(base_url="http://127.0.0.1:8000")  # a gpuprompt serve's turns
 
+    How long turns are kept: the default cache holds them in this process's memory, so a restart
+    loses them, and it drops a session idle for an hour (``ttl_seconds=3600``), keeping at most
+    1,000 turns per session and 10,000 sessions (``ContextCache``'s defaults; LlamaIndex's
+    ``VectorMemoryBlock`` keeps turns as long as its vector store does). For memory that lasts, pass
+    ``context_cache=connect().context_cache(store=RedisStore(url))`` (turns written through to
+    Redis, kept as long as the store's ``ttl_s``), or use remote mode against a server started with
+    ``--redis-url``.
+
     Remote mode: with ``base_url`` (or ``GPUPROMPT_URL``, and ``GPUPROMPT_API_KEY``) the turns live
     in a running ``gpuprompt serve``, shared by every worker that names the same server and session
     id (and with LangChain's ``GPUPromptChatMessageHistory`` there); the server embeds and ranks

@@ -70,6 +70,12 @@ class GPUPromptVectorStore(BasePydanticVectorStore):
     ``MetadataFilters`` too) *before* ranking, supports MMR, returns similarities where higher is
     better, batches concurrent ``aquery`` calls into one search, and persists without pickle.
 
+    Because the store keeps the text, ``VectorStoreIndex`` writes no nodes to its docstore (as with
+    every text-keeping store, Chroma's included): ``index.ref_doc_info`` is then unavailable, and
+    ``refresh_ref_docs`` does not re-insert a document deleted with ``delete_ref_doc`` (the
+    docstore still holds its hash). Build the index with ``store_nodes_override=True`` where those
+    matter: the docstore then keeps the nodes too, as with LlamaIndex's default store.
+
     Example:
         >>> from llama_index.core import StorageContext, VectorStoreIndex
         >>> from llamaindex_gpuprompt import GPUPromptVectorStore
