@@ -41,9 +41,11 @@ class GPUPromptSemanticCache(BaseCache):
     the cached prompt of the same ``llm_string`` most similar to the new one, and returns its
     generations when the cosine similarity is at least ``score_threshold``. Different models or
     settings (different ``llm_string``) never share entries. For chat models the similarity is
-    taken over the messages' text, not over LangChain's JSON serialisation of them. The cache is
-    bounded: at most ``max_entries`` answers (the least recently used go first), each living
-    ``ttl_seconds``.
+    taken over the messages' text, not over LangChain's JSON serialisation of them. A prompt longer
+    than the embedder reads (256 tokens for the bundled MiniLM) is matched exactly only: its
+    vector would stand for its beginning alone, and in a RAG prompt (retrieved context, then the
+    question) every question would look like the first. The cache is bounded: at most
+    ``max_entries`` answers (the least recently used go first), each living ``ttl_seconds``.
 
     Use:
         .. code-block:: python

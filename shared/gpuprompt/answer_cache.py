@@ -1,8 +1,11 @@
 """AnswerCache: a bounded semantic cache of answers, keyed by prompt meaning, kept on the device.
 
 A lookup first tries the exact prompt (no embedding needed), then the most similar cached prompt
-of the same namespace (one matrix-vector product on the device). Entries expire (TTL) and the
-least recently used go first when the cache is full, so memory stays bounded.
+of the same namespace (one matrix-vector product on the device). A prompt longer than the
+embedder reads (its ``max_length`` tokens) is matched exactly only: its vector would stand for its
+beginning alone, so two RAG prompts that differ only in the question at their end would look the
+same. Entries expire (TTL) and the least recently used go first when the cache is full, so memory
+stays bounded.
 """
 
 from __future__ import annotations
@@ -60,7 +63,7 @@ class _Entry(Generic[V]):
     namespace: str
     value: V
     expires_at: float | None
-    row: int  # row in the namespace's matrix
+    row: int | None  # row in the namespace's matrix; None: matched exactly only (a text too long to embed whole)
 
 
 class _Space:
@@ -188,15 +191,17 @@ class AnswerCache(Generic[V]):
         key, text = self._check(prompt, namespace, text)
         threshold = self._threshold(score_threshold)
         found = self._exact(key)
-        if found is not None or not self._has_space(namespace):
+        if found is not None:
             return found
+        if not self._has_space(namespace) or not self._embeddable(text):
+            return self._miss()
         return self._similar(namespace, self._embed(text), threshold)
 
     def update(self, prompt: str, namespace: str, value: V, *, text: str | None = None) -> None:
         """Cache ``value`` for ``prompt`` in ``namespace`` (replacing an older entry); ``text`` as
-        in :meth:`lookup`."""
+        in :meth:`lookup`. A text longer than the embedder reads is kept for exact repeats only."""
         key, text = self._check(prompt, namespace, text)
-        self._store(key, namespace, value, self._embed(text))
+        self._store(key, namespace, value, self._embed(text) if self._embeddable(text) else None)
 
     # ------------------------------------------------------------------ async
     async def alookup(
@@ -206,14 +211,16 @@ class AnswerCache(Generic[V]):
         key, text = self._check(prompt, namespace, text)
         threshold = self._threshold(score_threshold)
         found = self._exact(key)
-        if found is not None or not self._has_space(namespace):
+        if found is not None:
             return found
+        if not self._has_space(namespace) or not await self._aembeddable(text):
+            return self._miss()
         return self._similar(namespace, await self._aembed(text), threshold)
 
     async def aupdate(self, prompt: str, namespace: str, value: V, *, text: str | None = None) -> None:
         """Async :meth:`update`."""
         key, text = self._check(prompt, namespace, text)
-        self._store(key, namespace, value, await self._aembed(text))
+        self._store(key, namespace, value, await self._aembed(text) if await self._aembeddable(text) else None)
 
     # ------------------------------------------------------------------ housekeeping
     def clear(self, namespace: str | None = None) -> None:
@@ -264,6 +271,38 @@ class AnswerCache(Generic[V]):
             return self.score_threshold  # type: ignore[return-value]
         return check_number(score_threshold, "score_threshold", min=-1.0, max=1.0)  # type: ignore[return-value]
 
+    def _embeddable(self, text: str) -> bool:
+        """Whether the embedder reads ``text`` whole (no more than its ``max_length`` tokens).
+
+        An embedder that cannot count tokens (no ``count_tokens``) is trusted to read it whole.
+        """
+        count = getattr(self.embedder, "count_tokens", None)
+        if not callable(count):
+            return True
+        limit = int(self.embedder.max_length)  # type: ignore[attr-defined]
+        probe = _probe(text, limit)
+        n = count([probe], truncate=False)[0]
+        if n <= limit and len(probe) < len(text):  # a prefix of very long tokens: count it all
+            n = count([text], truncate=False)[0]
+        return n <= limit
+
+    async def _aembeddable(self, text: str) -> bool:
+        """Async :meth:`_embeddable` (the embedder's ``acount_tokens``, off the loop when long)."""
+        count = getattr(self.embedder, "acount_tokens", None)
+        if not callable(count):
+            return True
+        await self.embedder.aload()
+        limit = int(self.embedder.max_length)  # type: ignore[attr-defined]
+        probe = _probe(text, limit)
+        n = (await count([probe], truncate=False))[0]
+        if n <= limit and len(probe) < len(text):
+            n = (await count([text], truncate=False))[0]
+        return n <= limit
+
+    def _miss(self) -> None:
+        with self._lock:
+            self._misses += 1
+
     def _embed(self, prompt: str) -> torch.Tensor:
         return _unit(self.embedder.embed_tensor([prompt])[0])
 
@@ -313,13 +352,12 @@ class AnswerCache(Generic[V]):
             self._misses += 1
             return None
 
-    def _store(self, key: str, namespace: str, value: V, vector: torch.Tensor) -> None:
+    def _store(self, key: str, namespace: str, value: V, vector: torch.Tensor | None) -> None:
         with self._lock:
             old = self._entries.get(key)
             if old is not None:
                 self._remove(key, old)
-            space = self._spaces.setdefault(namespace, _Space())
-            row = space.put(key, vector)
+            row = None if vector is None else self._spaces.setdefault(namespace, _Space()).put(key, vector)
             expires = None if self.ttl_seconds is None else self._clock() + self.ttl_seconds
             self._entries[key] = _Entry(namespace, value, expires, row)
             while len(self._entries) > self.max_entries:
@@ -329,11 +367,19 @@ class AnswerCache(Generic[V]):
 
     def _remove(self, key: str, entry: _Entry[V]) -> None:
         del self._entries[key]
+        if entry.row is None:
+            return
         space = self._spaces.get(entry.namespace)
         if space is not None:
             space.drop(entry.row)
             if len(space.free) == len(space.keys):
                 del self._spaces[entry.namespace]
+
+
+def _probe(text: str, limit: int) -> str:
+    """A prefix of ``text`` long enough to hold more than ``limit`` tokens unless its tokens are
+    unusually long (more than 16 characters each on average)."""
+    return text[: 16 * (limit + 1)]
 
 
 def _unit(vector: torch.Tensor) -> torch.Tensor:

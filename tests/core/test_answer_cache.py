@@ -26,7 +26,8 @@ def test_exact_and_similar_hits_stay_in_their_namespace(embedder) -> None:
     assert cache.lookup("What's your return policy?", "model-b") is None
     assert cache.lookup("How tall is Mount Everest?", "model-a") is None
     stats = cache.stats()
-    assert (stats.exact_hits, stats.similar_hits, stats.misses) == (1, 1, 1)
+    # model-b's lookup is a miss too, though that namespace holds nothing yet
+    assert (stats.exact_hits, stats.similar_hits, stats.misses) == (1, 1, 2)
 
 
 def test_update_replaces_and_clear_forgets(embedder) -> None:
@@ -130,3 +131,44 @@ async def test_a_lookup_may_bring_its_own_threshold(embedder) -> None:
         with pytest.raises(InvalidInputError, match="'score_threshold'"):
             await cache.alookup(similar, "m", score_threshold=bad)  # type: ignore[arg-type]
     assert cache.score_threshold == 0.95 and len(cache) == 1
+
+
+RAG_FACTS = "\n".join(
+    f"Fact {i}: the {colour} {item} is made of {fabric}, costs {10 + i} euros and ships in {i % 5 + 1} days."
+    for i, (colour, item, fabric) in enumerate(
+        [(c, it, f) for c in ("red", "navy", "green", "white") for it in ("dress", "coat", "shirt", "skirt")
+         for f in ("cotton",)]
+    )
+)
+
+
+def _rag_prompt(question: str) -> str:
+    return f"Answer from the context only.\nContext:\n{RAG_FACTS}\n\nQuestion: {question}"
+
+
+async def test_a_prompt_longer_than_the_embedder_reads_is_matched_exactly_only(embedder) -> None:
+    """A RAG prompt (long context, the question last) past the embedder's window: its vector would
+    stand for the context alone, so every question would get the first one's answer."""
+    long_prompt = _rag_prompt("Does the red dress shrink?")
+    assert embedder.count_tokens([long_prompt], truncate=False)[0] > embedder.max_length
+    cache: AnswerCache[str] = AnswerCache(embedder, score_threshold=0.95)
+    cache.update(long_prompt, "m", "first answer")
+    assert cache.lookup(_rag_prompt("Where do you ship the navy coat?"), "m") is None
+    assert await cache.alookup(_rag_prompt("How much is the white skirt?"), "m") is None
+    assert cache.lookup(long_prompt, "m") == "first answer"  # an exact repeat still hits
+    await cache.aupdate(_rag_prompt("Is the green shirt cotton?"), "m", "second answer")
+    assert await cache.alookup(_rag_prompt("Is the green shirt cotton?"), "m") == "second answer"
+    assert await cache.alookup(_rag_prompt("Is the green shirt wool?"), "m") is None
+    stats = cache.stats()
+    assert (stats.exact_hits, stats.similar_hits, stats.misses, stats.entries) == (2, 0, 3, 2)
+    # short prompts keep their semantic hits, in the same namespace
+    cache.update("What is your return policy?", "m", "30 days")
+    assert cache.lookup("What's your return policy?", "m") == "30 days"
+    # eviction of exact-only entries leaves the matrix consistent
+    small: AnswerCache[int] = AnswerCache(embedder, max_entries=2)
+    small.update(long_prompt, "m", 1)
+    small.update("red dress", "m", 2)
+    small.update("blue shoes", "m", 3)  # evicts the long prompt (it has no row)
+    small.update(_rag_prompt("x"), "m", 4)  # evicts "red dress" (a row)
+    assert small.lookup("blue shoes", "m") == 3 and small.lookup(_rag_prompt("x"), "m") == 4
+    assert small.lookup("red dress", "m") is None and len(small) == 2
