@@ -12,6 +12,10 @@ Retries: only idempotent calls (embeddings, GETs) are retried, after a refused c
 429 / 502 / 503 / 504, with exponential backoff and jitter; a ``Retry-After`` header wins.
 Generation is never retried here (the engine-level ``CallPolicy`` of the caller decides).
 
+Fork: a process forked from one that used a client (gunicorn ``--preload``, celery prefork,
+``multiprocessing`` with ``fork``) gets fresh pools in the child on its first call; the parent's
+connections are never shared, so no process reads another's answers.
+
 Cancellation: closing a stream (a sync generator's ``close()``, an async generator's ``aclose()``
 or a cancelled task) cancels its request task, which closes the HTTP response; the server sees
 the disconnect and aborts the generation.
@@ -22,10 +26,12 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import queue
 import random
 import threading
 import time
+import weakref
 from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
 from typing import Any, TypeVar
 
@@ -53,6 +59,19 @@ def _httpx() -> Any:
         raise DependencyError("remote mode needs httpx: pip install 'gpuprompt[remote]' (or: pip install httpx)") \
             from exc
     return httpx
+
+
+_LIVE: weakref.WeakSet[HttpClient] = weakref.WeakSet()
+_INHERITED: list[Any] = []
+
+
+def _reset_after_fork() -> None:
+    for client in list(_LIVE):
+        client._after_fork()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_reset_after_fork)
 
 
 class HttpClient:
@@ -107,11 +126,22 @@ class HttpClient:
         if transport is not None and not (hasattr(transport, "handle_async_request")
                                           or hasattr(transport, "handle_request")):
             raise ConfigurationError(f"'transport' must be an httpx transport (got a {type(transport).__name__}).")
+        self._name = name
         self._lock = threading.Lock()
         self._client: Any = None
         self._aclient: Any = None
         self._loop = LoopThread(name)
         self._closed = False
+        _LIVE.add(self)
+
+    def _after_fork(self) -> None:
+        """In a forked child: forget the parent's pools and loop thread (their sockets are the
+        parent's too); the next call builds this process's own. The old pools are kept referenced,
+        never closed or collected here, so nothing is sent on the parent's connections."""
+        _INHERITED.append((self._client, self._aclient, self._loop))
+        self._lock = threading.Lock()
+        self._client = self._aclient = None
+        self._loop = LoopThread(self._name)
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {redact(self.root)!r}{' closed' if self._closed else ''}>"
