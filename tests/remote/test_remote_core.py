@@ -164,6 +164,13 @@ def test_count_tokens_matches_the_engine(live, remote_llm_engine) -> None:
     remote = RemoteLLM(live.url)
     assert remote.count_tokens(messages) == remote_llm_engine.count_tokens(messages)
     assert remote.count_tokens(messages, tools=[WEATHER]) == remote_llm_engine.count_tokens(messages, tools=[WEATHER])
+    # a history past the context window is counted too (LangChain's trim_messages counts exactly such a one)
+    long = [{"role": "user" if i % 2 == 0 else "assistant", "content": "tell me about red cotton dresses " * 20}
+            for i in range(21)]
+    expected = remote_llm_engine.count_tokens(long)
+    assert expected > remote_llm_engine.context_window
+    assert remote.count_tokens(long) == expected
+    assert remote.count_tokens("word " * 3000) == remote_llm_engine.count_tokens("word " * 3000)
 
 
 # ---------------------------------------------------------------------- errors

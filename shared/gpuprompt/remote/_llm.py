@@ -19,6 +19,7 @@ from typing import Any
 from gpuprompt.errors import (
     ClosedError,
     ConfigurationError,
+    ContextLengthError,
     EngineError,
     GPUPromptError,
     InputTypeError,
@@ -467,7 +468,8 @@ class RemoteLLM:
         self, messages_or_prompt: str | Sequence[Mapping[str, Any]] | GenerationRequest, *, tools: Any = None
     ) -> int:
         """Count a prompt's tokens as the server's engine sees them (chat template and ``tools``
-        applied), read from the usage of a one-token request to the server.
+        applied), read from the usage of a one-token request to the server (or, for a prompt past
+        the context window, from the server's refusal, which names the count).
 
         Raises:
             InputTypeError: neither a str, a list of message dicts nor a GenerationRequest.
@@ -484,7 +486,12 @@ class RemoteLLM:
             raise InputTypeError(
                 f"'messages_or_prompt' must be a str or a list of message dicts (got {describe(messages_or_prompt)})."
             )
-        [result] = self.generate([request])
+        try:
+            [result] = self.generate([request])
+        except ContextLengthError as exc:  # past the window: the refusal carries the exact count
+            if exc.prompt_tokens > 0:
+                return exc.prompt_tokens
+            raise
         return result.usage.prompt_tokens
 
     def stats(self) -> EngineStats:
