@@ -8,8 +8,10 @@ async transport such as ``httpx.ASGITransport(app)``, the async pool on the clie
 on one pooled ``httpx.AsyncClient`` that lives on the client's own event-loop thread, so any
 caller's loop (the app's, the bridge's, a test's) can await it and none of them owns it.
 
-Retries: only idempotent calls (embeddings, GETs) are retried, after a refused connection or a
-429 / 502 / 503 / 504, with exponential backoff and jitter; a ``Retry-After`` header wins.
+Retries: idempotent calls (embeddings, GETs) are retried after a refused connection or a
+429 / 502 / 503 / 504, with exponential backoff and jitter; a ``Retry-After`` header wins. Any
+other call is retried after a 429 only: the server refused it before doing anything (the
+admission gate, or a full queue before the work began), so a retry cannot apply it twice.
 Generation is never retried here (the engine-level ``CallPolicy`` of the caller decides).
 
 Fork: a process forked from one that used a client (gunicorn ``--preload``, celery prefork,
@@ -63,6 +65,12 @@ def _httpx() -> Any:
 
 _LIVE: weakref.WeakSet[HttpClient] = weakref.WeakSet()
 _INHERITED: list[Any] = []
+
+
+def _retryable(status: int, idempotent: bool) -> bool:
+    """Whether an answer of ``status`` may be retried: a 429 always (refused before any work), the
+    other :data:`RETRY_STATUSES` for idempotent calls only."""
+    return status == 429 or (idempotent and status in RETRY_STATUSES)
 
 
 def _reset_after_fork() -> None:
@@ -267,7 +275,8 @@ class HttpClient:
             method: ``"GET"``, ``"POST"`` or ``"DELETE"``.
             path: an API path (``/embeddings``, ``/models``, ``/health``).
             body: the JSON body of a POST.
-            idempotent: retry after a refused connection or 429/502/503/504 (default: GETs only).
+            idempotent: retry after a refused connection or 429/502/503/504 (default: GETs only);
+                any call is retried after a 429 (nothing was done).
             timeout: the read timeout of this request (default :attr:`read_timeout`).
 
         Raises:
@@ -292,7 +301,7 @@ class HttpClient:
                 raise transport_error(exc, url, service=self.service) from exc
             if reply.status_code < 300:
                 return _json(reply.content, url, self.service)
-            if retry and attempt < self.max_retries and reply.status_code in RETRY_STATUSES:
+            if attempt < self.max_retries and _retryable(reply.status_code, retry):
                 time.sleep(self._delay(attempt, reply.headers))
                 attempt += 1
                 continue
@@ -320,7 +329,7 @@ class HttpClient:
                 raise transport_error(exc, url, service=self.service) from exc
             if reply.status_code < 300:
                 return _json(reply.content, url, self.service)
-            if retry and attempt < self.max_retries and reply.status_code in RETRY_STATUSES:
+            if attempt < self.max_retries and _retryable(reply.status_code, retry):
                 await asyncio.sleep(self._delay(attempt, reply.headers))
                 attempt += 1
                 continue

@@ -1,6 +1,6 @@
 """Remote mode under load and interruption: a busy server's 429 becomes ``QueueFullError`` with its
 ``retry_after``; closing a stream, cancelling a task or a timeout aborts the request on the server
-(its engine counts it aborted); idempotent embeddings ride out a busy server by retrying."""
+(its engine counts it aborted); embeddings and session appends ride out a busy server by retrying."""
 
 from __future__ import annotations
 
@@ -59,6 +59,26 @@ def test_embeddings_retry_through_a_busy_server(busy, embedder) -> None:
     finally:
         release.join()
     assert vectors.shape == (1, embedder.dim)
+
+
+def test_a_session_append_rides_out_a_busy_server(busy) -> None:
+    """A 429 is answered before any work, so even a call that is not idempotent (a session append)
+    is retried after it, and applied exactly once."""
+    from gpuprompt.remote import RemoteContextCache
+
+    llm = RemoteLLM(busy.url).load()
+    cache = RemoteContextCache(busy.url, max_retries=3, backoff=0.05)
+    cache.clear("busy-append")
+    first = llm.stream(LONG)
+    next(first)
+    release = threading.Timer(0.5, first.close)  # the slot frees while the append backs off (Retry-After 2 s)
+    release.start()
+    try:
+        turn = cache.append("busy-append", "user", "a retried turn")
+    finally:
+        release.join()
+    assert turn.text == "a retried turn"
+    assert [t.text for t in cache.turns("busy-append")] == ["a retried turn"]
 
 
 def test_closing_a_stream_aborts_it_on_the_server(live, remote_llm_engine, poll) -> None:

@@ -44,7 +44,9 @@ class RemoteConfig:
             request may wait this long for its first token); None: ``read_timeout`` when that was
             set to other than its default, else 600.
         max_retries: further attempts of an idempotent call (embeddings, GETs) after a refused
-            connection, 429, 502, 503 or 504; generation is never retried here.
+            connection, 429, 502, 503 or 504, and of any other call after a 429 (refused before any
+            work: a session append or cache update is then applied once); generation is never
+            retried here.
         backoff: seconds before the first retry, doubled for each further one (with jitter; a
             ``Retry-After`` header wins).
         max_connections: most open connections of the pool.
