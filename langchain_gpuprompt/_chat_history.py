@@ -51,6 +51,14 @@ class GPUPromptChatMessageHistory(BaseChatMessageHistory):
     ``response_metadata``, usage, ``invalid_tool_calls``) are not stored, and a tool call without
     an id gets a stable one derived from the call.
 
+    How long messages are kept: the default cache (the runtime's shared one) holds them in this
+    process's memory, so a restart loses them, and it drops a session idle for an hour, keeping at
+    most 1,000 messages per session and 10,000 sessions (``ContextCache``'s defaults; LangChain's
+    ``InMemoryChatMessageHistory`` keeps everything until the process ends). For history that
+    lasts, pass ``context_cache=connect().context_cache(store=RedisStore(url))`` (written through
+    to Redis, kept as long as the store's ``ttl_s``), or use remote mode against a server started
+    with ``--redis-url``.
+
     Each message is embedded once, on add (an AI message that calls tools as its text plus each
     call's name and arguments), so :meth:`relevant_messages` can pick the past messages most
     related to a new question without re-encoding the conversation; it returns a tool call

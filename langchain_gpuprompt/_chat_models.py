@@ -20,6 +20,7 @@ from gpuprompt.llm import check_call_policy
 from gpuprompt.models import BUNDLED_CHAT_MODEL
 from gpuprompt.remote import ENV_API_KEY
 from gpuprompt.runtime import connect
+from gpuprompt.validation import configuration_error
 from gpuprompt.wire import redact
 from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
 from langchain_core.language_models import BaseChatModel, LanguageModelInput, ModelProfile
@@ -32,7 +33,7 @@ from langchain_core.runnables import Runnable, RunnableConfig, RunnableMap, Runn
 from langchain_core.tools import BaseTool
 from langchain_core.utils.function_calling import convert_to_openai_tool
 from langchain_core.utils.pydantic import is_basemodel_subclass
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, SecretStr
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, SecretStr, ValidationError
 
 from langchain_gpuprompt._chat_convert import (
     PROVIDER,
@@ -50,6 +51,10 @@ if TYPE_CHECKING:
     from gpuprompt.runtime import Runtime
 
 __all__ = ["ChatGPUPrompt"]
+
+_ALIASES = {"model_name": "model", "max_completion_tokens": "max_tokens", "max_new_tokens": "max_tokens"}
+"""Other chat models' names for the same settings (ChatOpenAI's ``model_name`` and
+``max_completion_tokens``, Hugging Face's ``max_new_tokens``), read as ours."""
 
 _CALL_OPTIONS = frozenset(
     {"model", "max_tokens", "temperature", "top_p", "seed", "priority", "truncate", "timeout", "response_format",
@@ -184,7 +189,16 @@ class ChatGPUPrompt(BaseChatModel):
     _runtime: Runtime | RemoteRuntime | None = PrivateAttr(default=None)
 
     def __init__(self, **data: Any) -> None:
-        super().__init__(**data)
+        for alias, name in _ALIASES.items():  # the names a user of ChatOpenAI / HuggingFace types
+            if alias in data:
+                if name in data:
+                    raise ConfigurationError(f"ChatGPUPrompt got both '{alias}' and '{name}' (the same setting); "
+                                             "pass one.")
+                data[name] = data.pop(alias)
+        try:
+            super().__init__(**data)
+        except ValidationError as exc:  # a field of the wrong type: our typed error, naming it
+            raise configuration_error(exc, "ChatGPUPrompt") from exc
         # Pure-Python checks (nothing loads): bad settings fail here with the core's typed error,
         # not inside a pydantic validator that would rewrap them.
         check_call_policy(self.timeout, self.max_retries)

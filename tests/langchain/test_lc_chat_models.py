@@ -50,8 +50,18 @@ def test_construction_loads_nothing_and_checks_settings() -> None:
         ChatGPUPrompt(max_tokens=0)
     with pytest.raises(ConfigurationError, match="unknown 'engine_kwargs'"):
         ChatGPUPrompt(engine_kwargs={"tensor_paralel_size": 2})
-    with pytest.raises(ValidationError):
-        ChatGPUPrompt(model_name="typo")  # type: ignore[call-arg]
+    # pydantic's refusals come back typed, naming the field
+    for bad, field in [({"temperature": "hot"}, "temperature"), ({"max_tokens": "many"}, "max_tokens"),
+                       ({"backend": "llamacpp"}, "backend"), ({"stop": "x"}, "stop"), ({"modle": "x"}, "modle")]:
+        with pytest.raises(ConfigurationError, match=f"'{field}'") as raised:
+            ChatGPUPrompt(**bad)
+        assert isinstance(raised.value.__cause__, ValidationError)
+    # ChatOpenAI's and Hugging Face's names for the same settings
+    renamed = ChatGPUPrompt(model_name="a-model-folder", max_new_tokens=7)  # type: ignore[call-arg]
+    assert (renamed.model, renamed.max_tokens) == ("a-model-folder", 7)
+    assert ChatGPUPrompt(max_completion_tokens=9).max_tokens == 9  # type: ignore[call-arg]
+    with pytest.raises(ConfigurationError, match="both 'model_name' and 'model'"):
+        ChatGPUPrompt(model_name="a", model="b")  # type: ignore[call-arg]
 
 
 def test_invoke_reports_usage_and_metadata(lc_chat: ChatGPUPrompt) -> None:
