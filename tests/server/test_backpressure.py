@@ -154,3 +154,29 @@ def test_a_rerank_client_that_goes_away_takes_its_pairs_out_of_the_queue(embedde
     finally:
         server.stop()
         reranker.close()
+
+
+def test_a_session_append_whose_client_goes_away_stores_nothing(server_llm) -> None:
+    """A remote append that timed out (the client raised, and will retry) must not be stored
+    later: its turns' embedding is cancelled, so the retry does not store every turn twice."""
+    from gpuprompt import Embedder
+    from gpuprompt._corpus import prose_paragraphs
+
+    embedder = Embedder(device="cpu", batch_size=4, cache_size=0).load()  # small batches: a long queue
+    server = start_server(embedder=embedder, llm=server_llm)
+    try:
+        turns = [{"role": "user", "text": f"{i}: {p}"} for i, p in enumerate(prose_paragraphs()[:256])]
+        with server.client(timeout=httpx.Timeout(30.0, read=0.3)) as http:
+            with pytest.raises(httpx.ReadTimeout):
+                http.post("/v1/sessions/abandoned/turns", json={"turns": turns})
+        assert wait_until(lambda: embedder.stats().batcher.cancelled > 0)
+        assert wait_until(lambda: embedder.stats().batcher.queue_depth == 0)
+        with server.client() as http:
+            assert http.get("/v1/sessions/abandoned/turns").json()["data"] == []
+            stored = http.post("/v1/sessions/abandoned/turns", json={"turns": turns[:2]})  # the retry, shorter
+            assert stored.status_code == 200, stored.text
+            assert [t["text"] for t in http.get("/v1/sessions/abandoned/turns").json()["data"]] == [
+                turns[0]["text"], turns[1]["text"]]
+    finally:
+        server.stop()
+        embedder.close()

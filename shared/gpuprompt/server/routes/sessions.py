@@ -32,12 +32,12 @@ import asyncio
 import json
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Request
 from fastapi.responses import Response
 from pydantic import BaseModel, Field, model_validator
 
 from gpuprompt.context import MAX_SESSION_ID_LENGTH as _CACHE_KEY_LENGTH
-from gpuprompt.server._http import json_response
+from gpuprompt.server._http import json_response, until_disconnect
 from gpuprompt.server.schemas.base import Text, _int, _Strict
 from gpuprompt.server.schemas.chat import MAX_TOOLS, ToolCallIn, ToolCallOut
 from gpuprompt.server.state import State
@@ -203,11 +203,14 @@ router = APIRouter()
 
 
 @router.post(V1 + SESSIONS + "/{session_id:path}/turns", response_model=TurnList, tags=["sessions"])
-async def append_turns(server: State, session_id: str, body: AppendTurnsRequest) -> Response:
+async def append_turns(server: State, session_id: str, body: AppendTurnsRequest, request: Request) -> Response:
     """Append turns to a session (created on first use); each text is embedded once, batched
-    with every concurrent request."""
+    with every concurrent request. A client that goes away while its turns are embedded (a
+    timeout) cancels the append: none of them is stored, so its retry does not store them twice."""
     key = session_key(session_id)
-    stored = await server.memory.aextend(key, [t.core() for t in body.turns])
+    stored = await until_disconnect(request, server.memory.aextend(key, [t.core() for t in body.turns]))
+    if isinstance(stored, Response):
+        return stored  # the client went away (nobody reads it)
     return _turns(session_id, stored)
 
 @router.get(V1 + SESSIONS + "/{session_id:path}/turns", response_model=TurnList, tags=["sessions"])
