@@ -207,7 +207,8 @@ class GPUPromptLLM(StructuredOutputMixin, FunctionCallingLLM):
     torch and loads no model. Everything above works the same, with the same typed errors (a busy
     server raises ``QueueFullError`` with ``retry_after``). ``backend``, ``device``,
     ``engine_options``, ``engine`` and ``truncate='left'`` configure a local engine and are refused
-    with it; ``max_model_len`` is what ``metadata.context_window`` reports.
+    with it; ``metadata.context_window`` reports the served model's window (from the server's model
+    list), at most ``max_model_len``.
 
     Args:
         model: a local model folder, a ``.gguf`` file, a hub id available offline, or None for

@@ -159,6 +159,19 @@ def test_structured_output_follows_the_schema(live) -> None:
     assert choice.text in ("yes", "no")
 
 
+def test_context_window_is_the_served_models(live, remote_llm_engine) -> None:
+    """The model list carries each model's length (as vLLM's does); the client reports the chat
+    model's, capped by the one it was given."""
+    import httpx
+
+    cards = {card["id"]: card for card in httpx.get(live.url + "/v1/models").json()["data"]}
+    assert cards[remote_llm_engine.model_name]["max_model_len"] == remote_llm_engine.context_window
+    assert RemoteLLM(live.url).context_window == remote_llm_engine.context_window
+    assert RemoteLLM(live.url, context_window=512).context_window == 512
+    assert RemoteLLM(live.url, context_window=10**6).context_window == remote_llm_engine.context_window
+    assert RemoteLLM("http://127.0.0.1:9", context_window=300).context_window == 300  # no server: what was given
+
+
 def test_count_tokens_matches_the_engine(live, remote_llm_engine) -> None:
     messages = [{"role": "user", "content": "How long is this prompt?"}]
     remote = RemoteLLM(live.url)

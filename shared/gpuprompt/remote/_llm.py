@@ -37,6 +37,7 @@ from gpuprompt.wire import HEALTH, MODELS, SESSION_HEADER, redact, request_body
 __all__ = ["SESSION_HEADER", "RemoteLLM", "request_body"]
 
 DEFAULT_CONTEXT_WINDOW = 2048
+"""What :attr:`RemoteLLM.context_window` reports when neither the server nor the caller says."""
 """The context window reported when none is given (the server enforces its own)."""
 
 
@@ -168,7 +169,9 @@ class RemoteLLM:
         model: the chat model to ask for (checked against the served ones on load); None for the
             server's.
         api_key: the server's API key (with a URL; a config carries its own).
-        context_window: what :attr:`context_window` reports (the server enforces its own).
+        context_window: the most :attr:`context_window` reports; None: the served model's (the
+            ``max_model_len`` of its card in ``GET /v1/models``, as gpuprompt and vLLM serve it), else
+            2048. The server enforces its own either way.
         client: a :class:`RemoteClient` to use instead of the process's shared one for the config.
         **options: other :class:`RemoteConfig` fields, with a URL.
     """
@@ -179,18 +182,20 @@ class RemoteLLM:
         *,
         model: str | None = None,
         api_key: str | None = None,
-        context_window: int = DEFAULT_CONTEXT_WINDOW,
+        context_window: int | None = None,
         client: RemoteClient | None = None,
         **options: Any,
     ) -> None:
         client = client_for(base_url, api_key, client, options, owner="RemoteLLM")
         if model is not None and (not isinstance(model, str) or not model):
             raise ConfigurationError(f"'model' must be None or a non-empty str (got {describe(model)}).")
-        if isinstance(context_window, bool) or not isinstance(context_window, int) or context_window < 16:
-            raise ConfigurationError(f"'context_window' must be an int >= 16 (got {describe(context_window)}).")
+        if context_window is not None and (isinstance(context_window, bool) or not isinstance(context_window, int)
+                                           or context_window < 16):
+            raise ConfigurationError(f"'context_window' must be None or an int >= 16 (got {describe(context_window)}).")
         self.client = client
         self.model = model
         self._context_window = context_window
+        self._served_window: int | None = None
         self._served: str | None = None
         self._closed = False
         self._stats_lock = threading.Lock()
@@ -220,8 +225,15 @@ class RemoteLLM:
 
     @property
     def context_window(self) -> int:
-        """The context window given at construction (the server refuses longer prompts itself)."""
-        return self._context_window
+        """The served model's context window (asks the server once), capped by the one given at
+        construction; 2048 when neither is known. The server refuses longer prompts itself."""
+        if self._served is None and not self._closed:
+            try:
+                self.load()
+            except GPUPromptError:  # unreachable now: the call that needs the server will say so
+                pass
+        known = [w for w in (self._context_window, self._served_window) if w is not None]
+        return min(known) if known else DEFAULT_CONTEXT_WINDOW
 
     @property
     def supports_tools(self) -> bool:
@@ -237,7 +249,7 @@ class RemoteLLM:
     def capabilities(self) -> dict[str, Any]:
         """What this client sends; the server decides what its backend honours."""
         return {"backend": "remote", "server": redact(self.client.root), "tools": True, "structured_output": True,
-                "context_window": self._context_window}
+                "context_window": self.context_window}
 
     # ------------------------------------------------------------------ loading
     def load(self) -> RemoteLLM:
@@ -274,6 +286,7 @@ class RemoteLLM:
             )
         self._served = _served_model(self.model, health.get("chat_model"), _model_ids(models, self.client.root),
                                      "chat", self.client.root)
+        self._served_window = _card_length(models, self._served)
 
     def _check_open(self) -> None:
         if self._closed:
@@ -521,3 +534,13 @@ def _timed_out(timeout: float | None) -> RequestTimeoutError:
     return RequestTimeoutError(
         f"the reply took longer than timeout={timeout:g} s and was aborted; raise the timeout or lower max_tokens."
     )
+
+
+def _card_length(models: Any, served: str) -> int | None:
+    """The ``max_model_len`` of ``served``'s card in a model list, if it carries a usable one."""
+    for card in models.get("data", ()) if isinstance(models, dict) else ():
+        if isinstance(card, dict) and card.get("id") == served:
+            length = card.get("max_model_len")
+            if isinstance(length, int) and not isinstance(length, bool) and length >= 16:
+                return length
+    return None

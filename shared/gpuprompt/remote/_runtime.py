@@ -92,16 +92,16 @@ class RemoteRuntime:
 
         Args:
             model: the chat model to ask for (checked against the served one on load).
-            max_model_len: the context window reported (the server enforces its own).
+            max_model_len: the most context window reported (None: the served model's; the server
+                enforces its own).
             **options: :class:`~gpuprompt.llm.LLMConfig` options, refused unless at their defaults.
         """
         from gpuprompt.llm import LLMConfig
-        from gpuprompt.remote._llm import DEFAULT_CONTEXT_WINDOW, RemoteLLM
+        from gpuprompt.remote._llm import RemoteLLM
 
         _refuse_local("llm", options, LLMConfig())
-        window = DEFAULT_CONTEXT_WINDOW if max_model_len is None else max_model_len
-        return self._get(("llm", model, window),
-                         lambda: RemoteLLM(model=model, context_window=window, client=self.client))
+        return self._get(("llm", model, max_model_len),
+                         lambda: RemoteLLM(model=model, context_window=max_model_len, client=self.client))
 
     def reranker(self, model: str | None = None, **options: Any) -> RemoteReranker:
         """The server's reranker (``POST /v1/rerank``: ``gpuprompt serve --rerank-model``)."""

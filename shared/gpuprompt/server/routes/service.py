@@ -4,6 +4,7 @@ OpenAI model list ``GET /v1/models`` (``/v1/models/{id}``)."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
 
 from fastapi import APIRouter
@@ -19,6 +20,20 @@ from gpuprompt.wire import HEALTH, METRICS, MODELS, V1
 __all__ = ["router"]
 
 router = APIRouter()
+
+
+def _cards(server: ServerState) -> list[ModelCard]:
+    """The served models' cards, in :func:`_served`'s order, with their lengths once loaded."""
+    lengths: list[int | None] = []
+    if server.loaded:
+        if server.llm is not None:
+            lengths.append(server.llm.context_window)
+        lengths.append(server.embedder.max_length)
+        if server.reranker is not None:
+            lengths.append(server.reranker.max_length)
+    created = int(server.started)
+    return [ModelCard(id=model, created=created, max_model_len=length)
+            for model, length in itertools.zip_longest(_served(server), lengths)]
 
 
 def _served(server: ServerState) -> list[str]:
@@ -71,15 +86,14 @@ async def prometheus(server: State) -> Response:
 @router.get(V1 + MODELS, response_model=ModelList, tags=["openai"])
 async def models(server: State) -> Response:
     """The served models: chat (unless ``--chat-model none``), embedding (and rerank, when one is loaded)."""
-    created = int(server.started)
-    return json_response(ModelList(data=[ModelCard(id=model, created=created) for model in _served(server)]))
+    return json_response(ModelList(data=_cards(server)))
 
 
 @router.get(V1 + MODELS + "/{model_id:path}", response_model=ModelCard, tags=["openai"])
 async def model(server: State, model_id: str) -> Response:
     """One served model."""
-    for served in _served(server):
-        if model_id in (served, served.rsplit("/", 1)[-1]):
-            return json_response(ModelCard(id=served, created=int(server.started)))
+    for card in _cards(server):
+        if model_id in (card.id, card.id.rsplit("/", 1)[-1]):
+            return json_response(card)
     raise ApiError(404, f"model {model_id!r} is not served here; GET /v1/models lists the served models.",
                    param="model", code="model_not_found")

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from functools import cache
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
@@ -212,23 +212,3 @@ class UsageModel(BaseModel):
     """Tokens generated."""
     total_tokens: int
     """Their sum."""
-
-
-class ModelCard(BaseModel):
-    """One served model, as ``GET /v1/models`` lists it."""
-
-    id: str
-    """The name to pass as ``model``."""
-    object: Literal["model"] = "model"
-    created: int
-    """When the server started (Unix seconds)."""
-    owned_by: str = "gpuprompt"
-    """Who serves it."""
-
-
-class ModelList(BaseModel):
-    """``GET /v1/models``."""
-
-    object: Literal["list"] = "list"
-    data: list[ModelCard]
-    """The served models: the chat model, then the embedding model."""

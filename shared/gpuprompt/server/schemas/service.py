@@ -24,6 +24,9 @@ class ModelCard(BaseModel):
     """When the server started (Unix seconds)."""
     owned_by: str = "gpuprompt"
     """Who serves it."""
+    max_model_len: int | None = None
+    """Most tokens the model reads (the chat model's context window, the embedding and rerank
+    models' input length), as vLLM's model cards carry it; None while the models load."""
 
 
 class ModelList(BaseModel):
