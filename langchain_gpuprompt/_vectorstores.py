@@ -27,22 +27,9 @@ from langchain_gpuprompt._embeddings import GPUPromptEmbeddings
 if TYPE_CHECKING:
     from gpuprompt.index import Hit, IndexLike
 from langchain_gpuprompt._vectorstore_hybrid import GPUPromptRetriever, HybridStoreMixin
-from langchain_gpuprompt._vectorstore_inputs import (
-    _check_ids,
-    _check_query,
-    _check_score_threshold,
-    _clamp01,
-    _faiss_filter,
-    _from_documents,
-    _hit_document,
-    _identity,
-    _no_kwargs,
-    _prepare,
-    _record_document,
-    _scored,
-    _search_kwargs,
-    _snapshot_path,
-    _vector,
+from langchain_gpuprompt._vectorstore_inputs import (  # noqa: I001 - kept compact: this file is at its size limit
+    _check_given_index, _check_ids, _check_query, _check_score_threshold, _clamp01, _faiss_filter, _from_documents,
+    _hit_document, _identity, _no_kwargs, _prepare, _record_document, _scored, _search_kwargs, _snapshot_path, _vector,
 )
 
 __all__ = ["GPUPromptVectorStore"]
@@ -131,7 +118,7 @@ class GPUPromptVectorStore(HybridStoreMixin, VectorStore):
         embedding: the LangChain embeddings used for documents and queries.
         index: an existing core index to wrap, any :class:`~gpuprompt.index.IndexLike` such as
             ``MilvusIndex(384, uri="kb.db")`` (its metric then applies).
-        metric: ``"cosine"`` (default), ``"ip"`` or ``"l2"``.
+        metric: ``"cosine"`` (default), ``"ip"`` or ``"l2"``; with ``index``, the index's own (another is refused).
         backend: ``"auto"``, ``"faiss"`` or ``"torch"``.
         device: ``"auto"``, ``"cpu"``, ``"cuda"``, ``"cuda:N"`` or ``"mps"``.
         base_url: a running ``gpuprompt serve`` whose collection is the index (remote mode).
@@ -144,7 +131,8 @@ class GPUPromptVectorStore(HybridStoreMixin, VectorStore):
     Raises:
         ConfigurationError: an option the core index would refuse (checked now, by the core, so it
             never fails the first add instead); ``index`` is not an :class:`~gpuprompt.index.IndexLike`;
-            a server without a collection or the reverse, or an in-process option with a server.
+            a server without a collection or the reverse, or an in-process option with a server;
+            ``backend``, ``device`` or index options next to an ``index`` (they would be ignored).
     """
 
     def __init__(
@@ -152,7 +140,7 @@ class GPUPromptVectorStore(HybridStoreMixin, VectorStore):
         embedding: Embeddings,
         *,
         index: IndexLike | None = None,
-        metric: str = "cosine",
+        metric: str | None = None,
         backend: str = "auto",
         device: str = "auto",
         base_url: str | None = None,
@@ -175,6 +163,7 @@ class GPUPromptVectorStore(HybridStoreMixin, VectorStore):
                 f"'dim' is not an option of GPUPromptVectorStore (got dim={describe(index_options['dim'])}): the "
                 "dimension is taken from the embeddings' first vectors."
             )
+        given_metric, metric = metric, "cosine" if metric is None else metric
         options: dict[str, Any] = {"metric": metric, "backend": backend, "device": device, **index_options}
         local = {"backend": (backend, "auto"), "device": (device, "auto")}
         local.update((name, (value, _UNSET)) for name, value in index_options.items())
@@ -182,6 +171,8 @@ class GPUPromptVectorStore(HybridStoreMixin, VectorStore):
                                timeout=timeout, local_options=local)
         if remote is not None:
             index = remote  # connects at first use
+        elif index is not None:
+            _check_given_index(index, given_metric, backend, device, index_options)
         else:
             # The core checks the options now, so a bad one fails here rather than at the first add,
             # when the index is built (the dimension is only known then). Loads nothing.
@@ -636,7 +627,8 @@ class GPUPromptVectorStore(HybridStoreMixin, VectorStore):
             allow_dangerous_deserialization: accepted so code written for community FAISS runs
                 unchanged; it changes nothing, because nothing on this load path is unpickled.
             device: where to load the index.
-            **kwargs: further constructor options.
+            **kwargs: ``backend`` and other index options, applied over the saved ones as the
+                index loads (``VectorIndex.load``); ``metric`` must be the saved one.
 
         Raises:
             SnapshotError: the snapshot is missing, truncated, tampered with or of another format.
@@ -646,5 +638,7 @@ class GPUPromptVectorStore(HybridStoreMixin, VectorStore):
         from gpuprompt.index import load_index
 
         folder, name = _snapshot_path(folder_path, index_name)
-        index = load_index(folder / name, device=device)
+        store_args = ("metric", "base_url", "api_key", "collection", "timeout")
+        load_options = {key: kwargs.pop(key) for key in list(kwargs) if key not in store_args}
+        index = load_index(folder / name, device=device, **load_options)
         return cls(embeddings, index=index, **kwargs)

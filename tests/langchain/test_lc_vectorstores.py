@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from langchain_core.documents import Document
 
-from gpuprompt.errors import FilterError, InputTypeError, InvalidInputError, SnapshotError
+from gpuprompt.errors import ConfigurationError, FilterError, InputTypeError, InvalidInputError, SnapshotError
 from langchain_gpuprompt import GPUPromptEmbeddings, GPUPromptVectorStore
 
 CATALOGUE = [
@@ -177,6 +177,15 @@ def test_save_and_load_without_pickle(store: GPUPromptVectorStore, lc_embeddings
     assert len(also.index) == len(CATALOGUE)
     with pytest.raises(SnapshotError):
         GPUPromptVectorStore.load_local(tmp_path / "nothing-here", lc_embeddings)
+    # options that configure an index apply to the load, or are refused: never silently ignored
+    assert GPUPromptVectorStore.load_local(tmp_path / "kb", lc_embeddings, backend="faiss").index.backend_name.startswith("faiss")
+    assert GPUPromptVectorStore.load_local(tmp_path / "kb", lc_embeddings, metric="cosine").index.metric == "cosine"
+    with pytest.raises(ConfigurationError, match="'metric' is 'l2' but the given index uses 'cosine'"):
+        GPUPromptVectorStore.load_local(tmp_path / "kb", lc_embeddings, metric="l2")
+    with pytest.raises(ConfigurationError, match=r"\['backend'\] configure a new index"):
+        GPUPromptVectorStore(lc_embeddings, index=loaded.index, backend="faiss")
+    with pytest.raises(ConfigurationError, match=r"\['index_factory'\] configure a new index"):
+        GPUPromptVectorStore(lc_embeddings, index=loaded.index, index_factory="HNSW32")
 
 
 def test_bad_input_is_typed_and_changes_nothing(store: GPUPromptVectorStore) -> None:
