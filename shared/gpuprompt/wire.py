@@ -474,8 +474,8 @@ def error_from_status(status: int, body: Any, headers: Any = None, url: str = ""
         return InvalidInputError(text)
     if status in (401, 403):
         # The server's configuration or the caller's key, never a client error of the server's own caller.
-        return EngineError(f"{text}; pass that server's key as api_key= (GPUPROMPT_API_KEY; for gpuprompt serve "
-                           "--llm-api-key / GPUPROMPT_LLM_API_KEY).")
+        return EngineError(f"{text.rstrip('.')}; pass that server's key as api_key= (GPUPROMPT_API_KEY is read only "
+                           "with GPUPROMPT_URL; a gpuprompt serve --llm-url takes --llm-api-key / GPUPROMPT_LLM_API_KEY).")
     if status == 404:
         return EngineError(f"{text}; check base_url (the server's API root) and the model it serves.")
     if status in (408, 504):

@@ -171,7 +171,7 @@ class Gate:
                 send,
                 413,
                 f"the request body must be at most {limit} bytes (got {got} bytes); send fewer or shorter items "
-                "per request, or start the server with a larger max_body_bytes.",
+                "per request, or start the server with a larger --max-body-bytes.",
                 "invalid_request_error",
                 "request_too_large",
             )
