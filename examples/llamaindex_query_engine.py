@@ -38,6 +38,7 @@ def build_index(products: int, backend: str, max_tokens: int) -> VectorStoreInde
     # --- the only lines that differ from a stock LlamaIndex app -----------------------------
     Settings.embed_model = GPUPromptEmbedding()  # bundled all-MiniLM-L6-v2, batched + cached
     Settings.llm = GPUPromptLLM(backend=backend, max_tokens=max_tokens, system_prompt=SYSTEM_PROMPT)
+    Settings.tokenizer = Settings.llm.tokenize  # LlamaIndex packs chunks counting the model's own tokens
     vector_store = GPUPromptVectorStore()  # keeps text, filters, deletes, persists safely
     # -----------------------------------------------------------------------------------------
     documents = [Document(text=p["text"], metadata=p["metadata"], doc_id=p["id"]) for p in catalogue(products)]

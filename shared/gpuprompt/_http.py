@@ -40,7 +40,17 @@ from typing import Any, TypeVar
 from gpuprompt._version import __version__
 from gpuprompt.bridge import LoopThread
 from gpuprompt.errors import ClosedError, ConfigurationError, DependencyError, EngineError
-from gpuprompt.wire import HEALTH, METRICS, RETRY_STATUSES, error_from_event, error_from_status, redact, transport_error
+from gpuprompt.wire import (
+    DETOKENIZE,
+    HEALTH,
+    METRICS,
+    RETRY_STATUSES,
+    TOKENIZE,
+    error_from_event,
+    error_from_status,
+    redact,
+    transport_error,
+)
 
 __all__ = ["HttpClient"]
 
@@ -166,9 +176,9 @@ class HttpClient:
 
     # ------------------------------------------------------------------ set-up
     def url(self, path: str) -> str:
-        """The URL of an API path (``/embeddings`` -> ``<root>/embeddings``); ``/health`` and
-        ``/metrics`` sit beside the ``/v1`` root."""
-        if path in (HEALTH, METRICS) and self.root.endswith("/v1"):
+        """The URL of an API path (``/embeddings`` -> ``<root>/embeddings``); ``/health``,
+        ``/metrics``, ``/tokenize`` and ``/detokenize`` sit beside the ``/v1`` root."""
+        if path in (HEALTH, METRICS, TOKENIZE, DETOKENIZE) and self.root.endswith("/v1"):
             return self.root[: -len("/v1")] + path
         return self.root + path
 

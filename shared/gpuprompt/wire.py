@@ -93,6 +93,7 @@ __all__ = [
     "COLLECTIONS",
     "COLLECTION_NAME_PATTERN",
     "COMPLETIONS",
+    "DETOKENIZE",
     "EMBEDDINGS",
     "EXTRA_SAMPLING",
     "HEALTH",
@@ -113,6 +114,7 @@ __all__ = [
     "SCORE",
     "SESSIONS",
     "SESSION_HEADER",
+    "TOKENIZE",
     "V1",
     "WireError",
     "api_root",
@@ -139,6 +141,9 @@ RERANK = "/rerank"
 SCORE = "/score"
 HEALTH = "/health"
 """Beside the ``/v1`` root, as :data:`METRICS`."""
+TOKENIZE = "/tokenize"
+"""vLLM's tokenizer route, beside the ``/v1`` root (as :data:`DETOKENIZE`)."""
+DETOKENIZE = "/detokenize"
 METRICS = "/metrics"
 V1 = "/v1"
 """The server's API root: every path here sits below it (but :data:`HEALTH` and :data:`METRICS`)."""

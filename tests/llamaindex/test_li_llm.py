@@ -26,9 +26,41 @@ def test_metadata_comes_from_the_engine(li_llm) -> None:
     meta = li_llm.metadata
     assert meta.is_chat_model is True
     assert meta.is_function_calling_model is True
-    assert meta.context_window == li_llm.engine.context_window == 2048
+    # the room a LlamaIndex prompt has: the window less the chat template around it
+    template = li_llm.engine.count_tokens([{"role": "user", "content": ""}])
+    assert 0 < template < 64
+    assert meta.context_window == li_llm.engine.context_window - template == 2048 - template
     assert meta.num_output == 12
     assert meta.model_name == "HuggingFaceTB/SmolLM2-135M-Instruct"
+
+
+def test_tokenize_makes_llamaindex_packing_fit_the_window(li_llm) -> None:
+    """LlamaIndex packs chunks into the window counting with Settings.tokenizer (tiktoken by
+    default), which undercounts this model's tokens: a summarising prompt overflows. Counted with
+    ``llm.tokenize`` (``Settings.tokenizer = llm.tokenize``), every packed prompt fits."""
+    import random
+
+    from llama_index.core import PromptHelper
+    from llama_index.core.prompts.default_prompts import DEFAULT_TREE_SUMMARIZE_PROMPT
+    from llama_index.core.utils import get_tokenizer
+
+    words = ("the customer returned a jacket because the zipper broke after two weeks; our policy allows refunds "
+             "within thirty days when the receipt is shown, and exchanges for store credit afterwards, except for "
+             "sale items marked final. Shipping to Norway costs 12.50 EUR and takes 4-6 business days.").split()
+    rng = random.Random(1)
+    chunks = [" ".join(rng.choice(words) for _ in range(700)) for _ in range(4)]
+    assert li_llm.tokenize("a red dress") == li_llm.engine.tokenize("a red dress")
+    window = li_llm.engine.context_window  # what the engine accepts, prompt and reply
+
+    def longest_prompt(tokenizer) -> int:
+        helper = PromptHelper.from_llm_metadata(li_llm.metadata, tokenizer=tokenizer)
+        template = DEFAULT_TREE_SUMMARIZE_PROMPT.partial_format(query_str="What is the refund policy?")
+        packed = helper.repack(template, chunks, llm=li_llm)
+        messages = [{"role": "user", "content": template.format(context_str=text)} for text in packed]
+        return max(li_llm.engine.count_tokens([message]) for message in messages)
+
+    assert longest_prompt(get_tokenizer()) > window - li_llm.max_tokens  # tiktoken's count: too long
+    assert longest_prompt(li_llm.tokenize) <= window - li_llm.max_tokens
 
 
 def test_chat_and_complete_report_text_and_usage(li_llm) -> None:

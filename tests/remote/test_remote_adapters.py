@@ -189,11 +189,14 @@ def test_li_llm_equals_in_process(live) -> None:
     remote = GPUPromptLLM(base_url=live.url, max_tokens=12)
     local = GPUPromptLLM(backend="transformers", max_tokens=12)
     messages = [ChatMessage(role="user", content="Name a colour.")]
+    local.chat(messages)  # one engine serves both: its prefix cache now holds the prompt for either call
     got, want = remote.chat(messages), local.chat(messages)
     assert got.message.content == want.message.content
-    assert got.additional_kwargs == want.additional_kwargs
+    assert got.additional_kwargs == want.additional_kwargs  # the usage too, cached prompt tokens included
     assert remote.complete("Say hi.").text == local.complete("Say hi.").text
     assert remote.metadata.model_name == local.metadata.model_name
+    assert remote.metadata.context_window == local.metadata.context_window  # the served window, less the template
+    assert remote.tokenize("a red dress, 49 EUR") == local.tokenize("a red dress, 49 EUR")  # POST /tokenize
     assert remote.metadata.is_function_calling_model
     last = None
     for last in remote.stream_chat(messages):

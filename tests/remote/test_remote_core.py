@@ -186,6 +186,31 @@ def test_count_tokens_matches_the_engine(live, remote_llm_engine) -> None:
     assert remote.count_tokens("word " * 3000) == remote_llm_engine.count_tokens("word " * 3000)
 
 
+
+def test_tokenize_and_detokenize_match_the_engine(live, remote_llm_engine) -> None:
+    """vLLM's /tokenize and /detokenize: the ids the generation routes read, no generation slot used."""
+    import httpx
+
+    messages = [{"role": "user", "content": "How long is this prompt?"}]
+    remote = RemoteLLM(live.url)
+    assert remote.tokenize(messages) == remote_llm_engine.tokenize(messages)
+    assert remote.tokenize(messages, tools=[WEATHER]) == remote_llm_engine.tokenize(messages, tools=[WEATHER])
+    assert remote.tokenize("a raw prompt") == remote_llm_engine.tokenize("a raw prompt")
+    ids = remote_llm_engine.tokenize("a red dress")
+    assert remote.detokenize(ids) == remote_llm_engine.detokenize(ids) == "a red dress"
+    before = remote_llm_engine.stats().requests
+    assert remote.count_tokens(messages) == len(remote_llm_engine.tokenize(messages))
+    assert remote_llm_engine.stats().requests == before  # counted by /tokenize, not by a generation
+    answer = httpx.post(live.url + "/tokenize", json={"prompt": "a red dress", "return_token_strs": True}).json()
+    assert answer["count"] == len(ids) and answer["tokens"] == ids
+    assert "".join(answer["token_strs"]) == "a red dress"
+    assert answer["max_model_len"] == remote_llm_engine.context_window
+    refused = httpx.post(live.url + "/tokenize", json={"prompt": "x", "messages": messages})
+    assert refused.status_code == 400 and refused.json()["error"]["param"] == "body"
+    with pytest.raises(InvalidInputError, match=r"tokens\[0\]"):
+        remote.detokenize([-1])
+
+
 # ---------------------------------------------------------------------- errors
 def test_refused_fields_come_back_typed(live) -> None:
     remote = RemoteLLM(live.url)

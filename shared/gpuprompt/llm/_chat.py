@@ -137,18 +137,42 @@ class ChatFormatter:
         Raises:
             InputTypeError: neither a str nor a list of message dicts.
         """
+        return len(self.tokenize(messages_or_prompt, tools=tools))
+
+    def tokenize(
+        self, messages_or_prompt: str | Sequence[Mapping[str, Any]] | GenerationRequest, *, tools: Any = None
+    ) -> list[int]:
+        """The token ids :meth:`count` counts: a raw prompt's, or chat messages' with the template
+        (and ``tools``) applied, or a whole GenerationRequest's.
+
+        Raises:
+            InputTypeError: neither a str nor a list of message dicts.
+        """
         if isinstance(messages_or_prompt, str):
             if tools:
                 raise InvalidInputError("'tools' need chat messages (got a raw prompt str).")
-            return len(self.encode_prompt(messages_or_prompt))
+            return self.encode_prompt(messages_or_prompt)
         if isinstance(messages_or_prompt, GenerationRequest):
-            return len(self._encode(messages_or_prompt))
+            return self._encode(messages_or_prompt)
         if not isinstance(messages_or_prompt, Sequence):
             raise InputTypeError(
                 f"'messages_or_prompt' must be a str or a list of message dicts (got {describe(messages_or_prompt)})."
             )
         request = GenerationRequest(messages=messages_or_prompt, tools=tools or ())
-        return len(self._encode(request))
+        return self._encode(request)
+
+    def detokenize(self, ids: Sequence[int]) -> str:
+        """The text of token ids (special tokens included, as the tokenizer decodes them).
+
+        Raises:
+            InvalidInputError: an id outside the vocabulary.
+        """
+        size = len(self.tokenizer)
+        for i, token in enumerate(ids):
+            if isinstance(token, bool) or not isinstance(token, int) or not 0 <= token < size:
+                raise InvalidInputError(f"'tokens[{i}]' must be a token id in [0, {size}) (got {describe(token)}).")
+        with self._lock:
+            return str(self.tokenizer.decode(list(ids)))
 
     def _encode(self, request: GenerationRequest, plan: ToolPlan | None = None) -> list[int]:
         if request.messages is not None:

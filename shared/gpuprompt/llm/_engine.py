@@ -275,6 +275,29 @@ class LLMEngine:
         """
         return self._ensure_formatter().count(messages_or_prompt, tools=tools)
 
+    def tokenize(
+        self, messages_or_prompt: str | Sequence[Mapping[str, Any]] | GenerationRequest, *, tools: Any = None
+    ) -> list[int]:
+        """The token ids :meth:`count_tokens` counts (a raw prompt as is; chat messages with the chat
+        template, the generation prompt and ``tools`` applied). Loads only the tokenizer.
+
+        Raises:
+            InputTypeError: neither a str nor a list of message dicts.
+            InvalidInputError: a message or tool is malformed.
+        """
+        return self._ensure_formatter().tokenize(messages_or_prompt, tools=tools)
+
+    def detokenize(self, ids: Sequence[int]) -> str:
+        """The text of token ids, as the model's tokenizer decodes them. Loads only the tokenizer.
+
+        Raises:
+            InputTypeError: ``ids`` is not a list of int.
+            InvalidInputError: an id outside the vocabulary.
+        """
+        if isinstance(ids, (str, bytes)) or not isinstance(ids, Sequence):
+            raise InputTypeError(f"'tokens' must be a list of token ids (got {describe(ids)}).")
+        return self._ensure_formatter().detokenize(ids)
+
     def _prepare(self, request: Any) -> Prepared:
         if not isinstance(request, GenerationRequest):
             raise InputTypeError(

@@ -32,7 +32,7 @@ from gpuprompt.llm._types import EngineStats, GenerationRequest, GenerationResul
 from gpuprompt.remote._client import SERVICE, RemoteClient, client_for
 from gpuprompt.remote._config import RemoteConfig
 from gpuprompt.remote._embedder import _health, _model_ids, _served_model
-from gpuprompt.wire import HEALTH, MODELS, SESSION_HEADER, redact, request_body
+from gpuprompt.wire import DETOKENIZE, HEALTH, MODELS, SESSION_HEADER, TOKENIZE, redact, request_body
 
 __all__ = ["SESSION_HEADER", "RemoteLLM", "request_body"]
 
@@ -196,6 +196,7 @@ class RemoteLLM:
         self.model = model
         self._context_window = context_window
         self._served_window: int | None = None
+        self._no_tokenize = False
         self._served: str | None = None
         self._closed = False
         self._stats_lock = threading.Lock()
@@ -481,24 +482,20 @@ class RemoteLLM:
         self, messages_or_prompt: str | Sequence[Mapping[str, Any]] | GenerationRequest, *, tools: Any = None
     ) -> int:
         """Count a prompt's tokens as the server's engine sees them (chat template and ``tools``
-        applied), read from the usage of a one-token request to the server (or, for a prompt past
-        the context window, from the server's refusal, which names the count).
+        applied): ``POST /tokenize`` (gpuprompt serve and vLLM serve it), else the usage of a
+        one-token request (or, for a prompt past the context window, the count its refusal names).
 
         Raises:
             InputTypeError: neither a str, a list of message dicts nor a GenerationRequest.
         """
-        if isinstance(messages_or_prompt, GenerationRequest):
-            request = dataclasses.replace(messages_or_prompt, max_tokens=1, stop=(), priority=0)
-        elif isinstance(messages_or_prompt, str):
-            if tools:
-                raise InputTypeError("'tools' need chat messages (got a raw prompt str).")
-            request = GenerationRequest(prompt=messages_or_prompt, max_tokens=1)
-        elif isinstance(messages_or_prompt, Sequence):
-            request = GenerationRequest(messages=messages_or_prompt, tools=tools or (), max_tokens=1)
-        else:
-            raise InputTypeError(
-                f"'messages_or_prompt' must be a str or a list of message dicts (got {describe(messages_or_prompt)})."
-            )
+        request = _count_request(messages_or_prompt, tools)
+        if not self._no_tokenize:
+            try:
+                return len(self._tokenize(request))
+            except EngineError as exc:
+                if "answered 404" not in str(exc):
+                    raise
+                self._no_tokenize = True  # a server without /tokenize (OpenAI's own API, say)
         try:
             [result] = self.generate([request])
         except ContextLengthError as exc:  # past the window: the refusal carries the exact count
@@ -506,6 +503,49 @@ class RemoteLLM:
                 return exc.prompt_tokens
             raise
         return result.usage.prompt_tokens
+
+    def tokenize(
+        self, messages_or_prompt: str | Sequence[Mapping[str, Any]] | GenerationRequest, *, tools: Any = None
+    ) -> list[int]:
+        """The served chat model's token ids of a prompt (``POST /tokenize``), as :meth:`count_tokens`
+        counts them.
+
+        Raises:
+            InputTypeError: neither a str, a list of message dicts nor a GenerationRequest.
+            EngineError: the server has no ``/tokenize`` (gpuprompt serve and vLLM have it).
+        """
+        return self._tokenize(_count_request(messages_or_prompt, tools))
+
+    def detokenize(self, ids: Sequence[int]) -> str:
+        """The text of the served chat model's token ids (``POST /detokenize``).
+
+        Raises:
+            InputTypeError: ``ids`` is not a list of int.
+            InvalidInputError: an id outside the vocabulary (the server's refusal).
+        """
+        if isinstance(ids, (str, bytes)) or not isinstance(ids, Sequence):
+            raise InputTypeError(f"'tokens' must be a list of token ids (got {describe(ids)}).")
+        self.load()
+        body: dict[str, Any] = {"tokens": list(ids)}
+        if self.model is not None:
+            body["model"] = self._served
+        answer = self.client.request("POST", DETOKENIZE, body, idempotent=True)
+        text = answer.get("prompt") if isinstance(answer, dict) else None
+        if not isinstance(text, str):
+            raise EngineError(f"{SERVICE} at {redact(self.client.root)} did not answer /detokenize with a prompt.")
+        return text
+
+    def _tokenize(self, request: GenerationRequest) -> list[int]:
+        self.load()
+        _, chat = request_body(request, self._served if self.model is not None else None)
+        body = {key: chat[key] for key in ("model", "messages", "tools") if key in chat}
+        if request.prompt is not None:
+            body["prompt"] = request.prompt
+        answer = self.client.request("POST", TOKENIZE, body, idempotent=True)
+        ids = answer.get("tokens") if isinstance(answer, dict) else None
+        if not isinstance(ids, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
+            raise EngineError(f"{SERVICE} at {redact(self.client.root)} did not answer /tokenize with token ids.")
+        return ids
 
     def stats(self) -> EngineStats:
         """This client's request and token counters (the server's engine keeps its own)."""
@@ -544,3 +584,18 @@ def _card_length(models: Any, served: str) -> int | None:
             if isinstance(length, int) and not isinstance(length, bool) and length >= 16:
                 return length
     return None
+
+
+def _count_request(messages_or_prompt: Any, tools: Any) -> GenerationRequest:
+    """The one-token request whose prompt is ``messages_or_prompt`` (with ``tools``)."""
+    if isinstance(messages_or_prompt, GenerationRequest):
+        return dataclasses.replace(messages_or_prompt, max_tokens=1, stop=(), priority=0)
+    if isinstance(messages_or_prompt, str):
+        if tools:
+            raise InputTypeError("'tools' need chat messages (got a raw prompt str).")
+        return GenerationRequest(prompt=messages_or_prompt, max_tokens=1)
+    if isinstance(messages_or_prompt, Sequence):
+        return GenerationRequest(messages=messages_or_prompt, tools=tools or (), max_tokens=1)
+    raise InputTypeError(
+        f"'messages_or_prompt' must be a str or a list of message dicts (got {describe(messages_or_prompt)})."
+    )

@@ -3,10 +3,10 @@
 
 from __future__ import annotations
 
-from gpuprompt.server.routes import cache, collections, embeddings, generation, rerank, service, sessions
+from gpuprompt.server.routes import cache, collections, embeddings, generation, rerank, service, sessions, tokens
 
 __all__ = ["ROUTERS"]
 
 ROUTERS = (service.router, embeddings.router, generation.router, rerank.router, collections.router,
-           sessions.router, cache.router)
+           sessions.router, cache.router, tokens.router)
 """Every router, in the order the app includes them."""

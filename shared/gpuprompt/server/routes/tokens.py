@@ -1,0 +1,45 @@
+"""vLLM's tokenizer routes: ``POST /tokenize`` (a prompt or a conversation to the served chat model's
+token ids, counted exactly as the generation routes count them) and ``POST /detokenize``.
+
+Beside the ``/v1`` root, as vLLM serves them; cheap, so they are not counted against
+``--max-in-flight`` (the API key and the body limit still apply).
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from fastapi import APIRouter
+from fastapi.responses import Response
+
+from gpuprompt.server._http import json_response
+from gpuprompt.server.schemas.tokens import DetokenizeRequest, DetokenizeResponse, TokenizeRequest, TokenizeResponse
+from gpuprompt.server.state import State
+from gpuprompt.wire import DETOKENIZE, TOKENIZE
+
+__all__ = ["router"]
+
+router = APIRouter()
+
+
+@router.post(TOKENIZE, response_model=TokenizeResponse, tags=["tokens"])
+async def tokenize(server: State, body: TokenizeRequest) -> Response:
+    """The served chat model's token ids of a raw ``prompt``, or of ``messages`` (and ``tools``)
+    with its chat template applied, as ``/v1/completions`` and ``/v1/chat/completions`` read them."""
+    llm = server.require_llm()  # 404 naming --chat-model on a server with none
+    server.check_model(body.model, llm.model_name, "chat")
+    tools = [tool.core() for tool in body.tools] if body.tools else None
+    ids = await asyncio.to_thread(llm.tokenize, body.core(), tools=tools)
+    strs = None
+    if body.return_token_strs:
+        strs = await asyncio.to_thread(lambda: [llm.detokenize([token]) for token in ids])
+    return json_response(TokenizeResponse(count=len(ids), max_model_len=llm.context_window, tokens=ids,
+                                          token_strs=strs), exclude_none=True)
+
+
+@router.post(DETOKENIZE, response_model=DetokenizeResponse, tags=["tokens"])
+async def detokenize(server: State, body: DetokenizeRequest) -> Response:
+    """The text of the served chat model's token ids."""
+    llm = server.require_llm()
+    server.check_model(body.model, llm.model_name, "chat")
+    return json_response(DetokenizeResponse(prompt=await asyncio.to_thread(llm.detokenize, body.tokens)))
