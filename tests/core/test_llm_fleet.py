@@ -214,6 +214,22 @@ def test_every_turn_of_a_session_reaches_the_same_server(engine: LLMEngine, flee
     assert all(len(c.messages) == 2 * len(TURNS) for c in conversations.values())
 
 
+def test_remote_llm_tokenizes_and_reads_the_window_on_vllm(engine: LLMEngine, fleet: Fleet) -> None:
+    """The client gpuprompt's adapters use in remote mode, against vLLM's own /tokenize,
+    /detokenize and model card: the same ids as gpuprompt's tokenizer, the served window."""
+    from gpuprompt.remote import RemoteLLM
+
+    both_alive(fleet)
+    remote = RemoteLLM(fleet.workers[0].url)
+    messages = [{"role": "user", "content": "Which dress is red?"}]
+    assert remote.tokenize(messages) == engine.tokenize(messages)
+    assert remote.tokenize("a raw prompt") == engine.tokenize("a raw prompt")
+    assert remote.count_tokens(messages) == engine.count_tokens(messages)
+    ids = engine.tokenize("a red dress")
+    assert remote.detokenize(ids) == "a red dress"
+    assert remote.context_window == engine.context_window  # vLLM's card: max_model_len
+
+
 def test_cancelling_a_stream_aborts_it_on_its_server(engine: LLMEngine, fleet: Fleet,
                                                      conversations: dict[str, Conversation]) -> None:
     both_alive(fleet)
