@@ -14,6 +14,12 @@ recipe keeps 0.93 / 0.97 (mean score error 0.006) at 2.0x fp32's speed. On that 
 layers in fp32 (``keep=``) cut the error to 0.005 but the speed to 1.8x, and lifted top-3 to only
 0.92. A trained cross-encoder separates relevant from irrelevant passages by whole logits; the
 defaults (0.9 / 0.9) hold on the test model and leave room for noise among near-ties.
+
+Fusing attention first (onnxruntime's transformer optimizer, ``MultiHeadAttention`` with the Q/K/V
+MatMuls kept outside for this rewrite, ``SkipLayerNormalization`` and ``BiasGelu`` folding the bias
+adds) was measured and not kept: the same rewrite on the fused graph ran 256 guard pairs in batches
+of 32 in 8.5 s against 8.0 s unfused (one onnxruntime thread, best of 3, 2-core AVX512-VNNI EPYC),
+with the same score error (0.080 vs 0.082 mean logit error against fp32).
 """
 
 from __future__ import annotations
