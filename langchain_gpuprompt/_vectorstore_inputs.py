@@ -192,6 +192,7 @@ def _check_given_index(index: Any, metric: str | None, backend: str, device: str
                if value != default] + sorted(options)
     if ignored:
         raise ConfigurationError(
-            f"{ignored} configure a new index, but an index was given (it is used as it is); drop them, or set them on "
+            f"{', '.join(repr(name) for name in ignored)} configure a new index, but an index was given (it is used "
+            "as it is); drop them, or set them on "
             "the index (load_local passes them to the load)."
         )

@@ -336,7 +336,7 @@ class GPUPromptLLM(StructuredOutputMixin, FunctionCallingLLM):
         """
         engine = self.engine
         return LLMMetadata(
-            context_window=engine.context_window - self._template_tokens(),
+            context_window=max(engine.context_window - self._template_tokens(), self.max_tokens + 1),
             num_output=self.max_tokens,
             is_chat_model=True,
             is_function_calling_model=bool(engine.supports_tools),
@@ -347,11 +347,18 @@ class GPUPromptLLM(StructuredOutputMixin, FunctionCallingLLM):
         """Tokens the chat template (and the system prompt) add around a user message's text."""
         key = self.system_prompt
         cached = self._template_cache
+        engine = self.engine
+        if self._runtime is not None and self._runtime.remote and not getattr(engine, "loaded", True):
+            return 0  # metadata asks a remote server nothing before the first call (a silent one would stall it)
         if cached is None or cached[0] != key:
             messages = [{"role": "user", "content": ""}]
             if key:
                 messages.insert(0, {"role": "system", "content": key})
-            cached = self._template_cache = (key, self.engine.count_tokens(messages))
+            try:
+                overhead = engine.count_tokens(messages)
+            except InvalidInputError:  # a model without a chat template: prompts go in as they are
+                overhead = 0
+            cached = self._template_cache = (key, overhead)
         return cached[1]
 
     def tokenize(self, text: str) -> list[int]:
@@ -362,7 +369,10 @@ class GPUPromptLLM(StructuredOutputMixin, FunctionCallingLLM):
         tokenizer counts more tokens for the same text (7% more on English prose, far more on
         numbers and other languages), so summarising modes (``tree_summarize``,
         ``simple_summarize``) can pack a prompt past the window: ``ContextLengthError``. With this
-        tokenizer the packing is exact. Remote mode asks the server (``POST /tokenize``).
+        tokenizer the packing is exact. Remote mode asks the server (``POST /tokenize``), one request
+        per call: LlamaIndex's splitters call the global tokenizer for every split, so in remote mode
+        set it after ingesting, or use the model's own tokenizer there
+        (``AutoTokenizer.from_pretrained(folder).encode``).
 
         Raises:
             InputTypeError: ``text`` is not a str.

@@ -16,7 +16,9 @@ Generation is never retried here (the engine-level ``CallPolicy`` of the caller 
 
 Fork: a process forked from one that used a client (gunicorn ``--preload``, celery prefork,
 ``multiprocessing`` with ``fork``) gets fresh pools in the child on its first call; the parent's
-connections are never shared, so no process reads another's answers.
+connections are never shared, so no process reads another's answers. (A ``transport`` given to the
+client is the caller's and is kept: an ``httpx.HTTPTransport`` passed in holds its own pool, which a
+child would share.)
 
 Cancellation: closing a stream (a sync generator's ``close()``, an async generator's ``aclose()``
 or a cancelled task) cancels its request task, which closes the HTTP response; the server sees
@@ -106,7 +108,7 @@ class HttpClient:
         connect_timeout: most seconds to open a connection (a refused one fails at once).
         read_timeout: most seconds between two pieces of an answer.
         max_retries: further attempts of an idempotent call after a refused connection or
-            429 / 502 / 503 / 504.
+            429 / 502 / 503 / 504, and of any call after a 429 (refused before any work).
         backoff: seconds before the first retry, doubled for each further one (with jitter).
         max_connections: most open connections of the pool.
         service: what messages call the server.

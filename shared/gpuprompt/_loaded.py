@@ -71,6 +71,11 @@ class LoadedModel:
         return self._model_id
 
     @property
+    def loaded(self) -> bool:
+        """Whether the model is loaded (reading this loads nothing)."""
+        return self._model is not None
+
+    @property
     def device(self) -> str:
         """The resolved torch device (loads the model)."""
         self.load()

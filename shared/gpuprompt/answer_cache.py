@@ -274,10 +274,11 @@ class AnswerCache(Generic[V]):
     def _embeddable(self, text: str) -> bool:
         """Whether the embedder reads ``text`` whole (no more than its ``max_length`` tokens).
 
-        An embedder that cannot count tokens (no ``count_tokens``) is trusted to read it whole.
+        An embedder that cannot count tokens (no ``count_tokens`` and ``max_length``, such as a remote
+        one) is trusted to read it whole.
         """
         count = getattr(self.embedder, "count_tokens", None)
-        if not callable(count):
+        if not callable(count) or not hasattr(type(self.embedder), "max_length"):
             return True
         limit = int(self.embedder.max_length)  # type: ignore[attr-defined]
         probe = _probe(text, limit)
@@ -289,7 +290,7 @@ class AnswerCache(Generic[V]):
     async def _aembeddable(self, text: str) -> bool:
         """Async :meth:`_embeddable` (the embedder's ``acount_tokens``, off the loop when long)."""
         count = getattr(self.embedder, "acount_tokens", None)
-        if not callable(count):
+        if not callable(count) or not hasattr(type(self.embedder), "max_length"):
             return True
         await self.embedder.aload()
         limit = int(self.embedder.max_length)  # type: ignore[attr-defined]

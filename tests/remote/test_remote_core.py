@@ -159,17 +159,18 @@ def test_structured_output_follows_the_schema(live) -> None:
     assert choice.text in ("yes", "no")
 
 
-def test_context_window_is_the_served_models(live, remote_llm_engine) -> None:
+def test_context_window_is_the_served_models(live, remote_llm_engine, dead_url) -> None:
     """The model list carries each model's length (as vLLM's does); the client reports the chat
     model's, capped by the one it was given."""
     import httpx
 
     cards = {card["id"]: card for card in httpx.get(live.url + "/v1/models").json()["data"]}
     assert cards[remote_llm_engine.model_name]["max_model_len"] == remote_llm_engine.context_window
-    assert RemoteLLM(live.url).context_window == remote_llm_engine.context_window
-    assert RemoteLLM(live.url, context_window=512).context_window == 512
-    assert RemoteLLM(live.url, context_window=10**6).context_window == remote_llm_engine.context_window
-    assert RemoteLLM("http://127.0.0.1:9", context_window=300).context_window == 300  # no server: what was given
+    assert RemoteLLM(live.url).context_window == 2048  # nothing asked yet
+    assert RemoteLLM(live.url).load().context_window == remote_llm_engine.context_window
+    assert RemoteLLM(live.url, context_window=512).load().context_window == 512
+    assert RemoteLLM(live.url, context_window=10**6).load().context_window == remote_llm_engine.context_window
+    assert RemoteLLM(dead_url, context_window=300).context_window == 300  # no server: what was given
 
 
 def test_count_tokens_matches_the_engine(live, remote_llm_engine) -> None:
@@ -177,6 +178,9 @@ def test_count_tokens_matches_the_engine(live, remote_llm_engine) -> None:
     remote = RemoteLLM(live.url)
     assert remote.count_tokens(messages) == remote_llm_engine.count_tokens(messages)
     assert remote.count_tokens(messages, tools=[WEATHER]) == remote_llm_engine.count_tokens(messages, tools=[WEATHER])
+    # a forced tool call changes the prompt's instructions: counted by the generation path, still exact
+    forced = GenerationRequest(messages=messages, tools=[WEATHER], tool_choice="required")
+    assert remote.count_tokens(forced) == remote_llm_engine.count_tokens(forced)
     # a history past the context window is counted too (LangChain's trim_messages counts exactly such a one)
     long = [{"role": "user" if i % 2 == 0 else "assistant", "content": "tell me about red cotton dresses " * 20}
             for i in range(21)]
@@ -203,10 +207,20 @@ def test_tokenize_and_detokenize_match_the_engine(live, remote_llm_engine) -> No
     assert remote_llm_engine.stats().requests == before  # counted by /tokenize, not by a generation
     answer = httpx.post(live.url + "/tokenize", json={"prompt": "a red dress", "return_token_strs": True}).json()
     assert answer["count"] == len(ids) and answer["tokens"] == ids
-    assert "".join(answer["token_strs"]) == "a red dress"
+    assert answer["token_strs"] == remote_llm_engine.token_strs(ids)  # vocabulary pieces, as vLLM's
+    assert len(answer["token_strs"]) == len(ids)
     assert answer["max_model_len"] == remote_llm_engine.context_window
-    refused = httpx.post(live.url + "/tokenize", json={"prompt": "x", "messages": messages})
-    assert refused.status_code == 400 and refused.json()["error"]["param"] == "body"
+    # vLLM's defaults: special tokens for a prompt, none on top of a chat template
+    chat = httpx.post(live.url + "/tokenize", json={"messages": messages, "add_special_tokens": False}).json()
+    assert chat["tokens"] == remote_llm_engine.tokenize(messages)
+    for refused_body, param in [({"prompt": "x", "messages": messages}, "body"),
+                                ({"messages": messages, "add_special_tokens": True}, "add_special_tokens"),
+                                ({"prompt": "x", "add_special_tokens": False}, "add_special_tokens"),
+                                ({"messages": messages, "chat_template": "{{ messages }}"}, "chat_template"),
+                                ({"messages": messages, "continue_final_message": True}, "continue_final_message")]:
+        refused = httpx.post(live.url + "/tokenize", json=refused_body)
+        assert refused.status_code == 400, refused_body
+        assert refused.json()["error"]["param"] == param, refused.json()
     with pytest.raises(InvalidInputError, match=r"tokens\[0\]"):
         remote.detokenize([-1])
 

@@ -162,7 +162,7 @@ def test_a_session_append_whose_client_goes_away_stores_nothing(server_llm) -> N
     from gpuprompt import Embedder
     from gpuprompt._corpus import prose_paragraphs
 
-    embedder = Embedder(device="cpu", batch_size=4, cache_size=0).load()  # small batches: a long queue
+    embedder = Embedder(device="cpu", batch_size=1, cache_size=0).load()  # one text per batch: a long queue
     server = start_server(embedder=embedder, llm=server_llm)
     try:
         turns = [{"role": "user", "text": f"{i}: {p}"} for i, p in enumerate(prose_paragraphs()[:256])]

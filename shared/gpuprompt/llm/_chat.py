@@ -161,16 +161,29 @@ class ChatFormatter:
         request = GenerationRequest(messages=messages_or_prompt, tools=tools or ())
         return self._encode(request)
 
+    def token_strs(self, ids: Sequence[int]) -> list[str]:
+        """Each id as the tokenizer's vocabulary spells it (``convert_ids_to_tokens``).
+
+        Raises:
+            InvalidInputError: an id outside the vocabulary.
+        """
+        self._check_ids(ids)
+        with self._lock:
+            return [str(piece) for piece in self.tokenizer.convert_ids_to_tokens(list(ids))]
+
+    def _check_ids(self, ids: Sequence[int]) -> None:
+        size = len(self.tokenizer)
+        for i, token in enumerate(ids):
+            if isinstance(token, bool) or not isinstance(token, int) or not 0 <= token < size:
+                raise InvalidInputError(f"'tokens[{i}]' must be a token id in [0, {size}) (got {describe(token)}).")
+
     def detokenize(self, ids: Sequence[int]) -> str:
         """The text of token ids (special tokens included, as the tokenizer decodes them).
 
         Raises:
             InvalidInputError: an id outside the vocabulary.
         """
-        size = len(self.tokenizer)
-        for i, token in enumerate(ids):
-            if isinstance(token, bool) or not isinstance(token, int) or not 0 <= token < size:
-                raise InvalidInputError(f"'tokens[{i}]' must be a token id in [0, {size}) (got {describe(token)}).")
+        self._check_ids(ids)
         with self._lock:
             return str(self.tokenizer.decode(list(ids)))
 

@@ -278,8 +278,9 @@ class LLMEngine:
     def tokenize(
         self, messages_or_prompt: str | Sequence[Mapping[str, Any]] | GenerationRequest, *, tools: Any = None
     ) -> list[int]:
-        """The token ids :meth:`count_tokens` counts (a raw prompt as is; chat messages with the chat
-        template, the generation prompt and ``tools`` applied). Loads only the tokenizer.
+        """The token ids :meth:`count_tokens` counts (a raw prompt with the tokenizer's special tokens;
+        chat messages with the chat template, the generation prompt and ``tools`` applied). Loads
+        only the tokenizer.
 
         Raises:
             InputTypeError: neither a str nor a list of message dicts.
@@ -291,12 +292,24 @@ class LLMEngine:
         """The text of token ids, as the model's tokenizer decodes them. Loads only the tokenizer.
 
         Raises:
-            InputTypeError: ``ids`` is not a list of int.
-            InvalidInputError: an id outside the vocabulary.
+            InputTypeError: ``ids`` is not a list.
+            InvalidInputError: an item that is not a token id of the vocabulary.
         """
         if isinstance(ids, (str, bytes)) or not isinstance(ids, Sequence):
             raise InputTypeError(f"'tokens' must be a list of token ids (got {describe(ids)}).")
         return self._ensure_formatter().detokenize(ids)
+
+    def token_strs(self, ids: Sequence[int]) -> list[str]:
+        """Each token id as the tokenizer's vocabulary spells it (``convert_ids_to_tokens``, as vLLM's
+        ``/tokenize`` returns ``token_strs``). Loads only the tokenizer.
+
+        Raises:
+            InputTypeError: ``ids`` is not a list.
+            InvalidInputError: an item that is not a token id of the vocabulary.
+        """
+        if isinstance(ids, (str, bytes)) or not isinstance(ids, Sequence):
+            raise InputTypeError(f"'tokens' must be a list of token ids (got {describe(ids)}).")
+        return self._ensure_formatter().token_strs(ids)
 
     def _prepare(self, request: Any) -> Prepared:
         if not isinstance(request, GenerationRequest):

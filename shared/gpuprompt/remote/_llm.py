@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import re
 import threading
 import time
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
@@ -38,7 +39,6 @@ __all__ = ["SESSION_HEADER", "RemoteLLM", "request_body"]
 
 DEFAULT_CONTEXT_WINDOW = 2048
 """What :attr:`RemoteLLM.context_window` reports when neither the server nor the caller says."""
-"""The context window reported when none is given (the server enforces its own)."""
 
 
 class _Reader:
@@ -169,9 +169,9 @@ class RemoteLLM:
         model: the chat model to ask for (checked against the served ones on load); None for the
             server's.
         api_key: the server's API key (with a URL; a config carries its own).
-        context_window: the most :attr:`context_window` reports; None: the served model's (the
-            ``max_model_len`` of its card in ``GET /v1/models``, as gpuprompt and vLLM serve it), else
-            2048. The server enforces its own either way.
+        context_window: the most :attr:`context_window` reports; None: the served model's once
+            loaded (the ``max_model_len`` of its card in ``GET /v1/models``, as gpuprompt and vLLM
+            serve it), else 2048. The server enforces its own either way.
         client: a :class:`RemoteClient` to use instead of the process's shared one for the config.
         **options: other :class:`RemoteConfig` fields, with a URL.
     """
@@ -196,7 +196,6 @@ class RemoteLLM:
         self.model = model
         self._context_window = context_window
         self._served_window: int | None = None
-        self._no_tokenize = False
         self._served: str | None = None
         self._closed = False
         self._stats_lock = threading.Lock()
@@ -225,14 +224,15 @@ class RemoteLLM:
         return "remote"
 
     @property
+    def loaded(self) -> bool:
+        """Whether :meth:`load` has asked the server what it serves (reading this asks nothing)."""
+        return self._served is not None
+
+    @property
     def context_window(self) -> int:
-        """The served model's context window (asks the server once), capped by the one given at
-        construction; 2048 when neither is known. The server refuses longer prompts itself."""
-        if self._served is None and not self._closed:
-            try:
-                self.load()
-            except GPUPromptError:  # unreachable now: the call that needs the server will say so
-                pass
+        """The served model's context window once loaded (:meth:`load`, or any first call), capped by
+        the one given at construction; that one, or 2048, before. Reading it asks the server nothing;
+        the server refuses longer prompts itself."""
         known = [w for w in (self._context_window, self._served_window) if w is not None]
         return min(known) if known else DEFAULT_CONTEXT_WINDOW
 
@@ -489,13 +489,13 @@ class RemoteLLM:
             InputTypeError: neither a str, a list of message dicts nor a GenerationRequest.
         """
         request = _count_request(messages_or_prompt, tools)
-        if not self._no_tokenize:
+        if _tokenizable(request):
             try:
                 return len(self._tokenize(request))
-            except EngineError as exc:
-                if "answered 404" not in str(exc):
+            except GPUPromptError as exc:
+                if _status(exc) not in _NO_TOKENIZE:
                     raise
-                self._no_tokenize = True  # a server without /tokenize (OpenAI's own API, say)
+                # a server without vLLM's /tokenize (OpenAI's API, TGI, llama.cpp): count by a generation
         try:
             [result] = self.generate([request])
         except ContextLengthError as exc:  # past the window: the refusal carries the exact count
@@ -543,8 +543,11 @@ class RemoteLLM:
             body["prompt"] = request.prompt
         answer = self.client.request("POST", TOKENIZE, body, idempotent=True)
         ids = answer.get("tokens") if isinstance(answer, dict) else None
-        if not isinstance(ids, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
-            raise EngineError(f"{SERVICE} at {redact(self.client.root)} did not answer /tokenize with token ids.")
+        if (not isinstance(ids, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids)
+                or answer.get("count") != len(ids)):
+            # not vLLM's answer (llama.cpp's /tokenize takes another body and answers no count)
+            raise EngineError(f"{SERVICE} at {redact(self.client.root)} answered 501: its /tokenize is not "
+                              "vLLM's (no token ids with their count).")
         return ids
 
     def stats(self) -> EngineStats:
@@ -599,3 +602,22 @@ def _count_request(messages_or_prompt: Any, tools: Any) -> GenerationRequest:
     raise InputTypeError(
         f"'messages_or_prompt' must be a str or a list of message dicts (got {describe(messages_or_prompt)})."
     )
+
+
+_NO_TOKENIZE = frozenset({404, 405, 422, 501})
+"""Statuses of a server whose ``/tokenize`` is missing or not vLLM's: counting falls back."""
+_STATUS = re.compile(r" answered (\d{3}): ")
+
+
+def _status(exc: BaseException) -> int | None:
+    """The HTTP status a typed error from :func:`gpuprompt.wire.error_from_status` names."""
+    found = _STATUS.search(str(exc))
+    return int(found.group(1)) if found else None
+
+
+def _tokenizable(request: GenerationRequest) -> bool:
+    """Whether ``/tokenize`` reads ``request``'s prompt as the generation routes do: its tool plan
+    must be the default one (the route renders tools with ``tool_choice="auto"`` and no guided
+    output), else the count comes from a one-token generation."""
+    return (request.tool_choice == "auto" and request.parallel_tool_calls and request.response_format is None
+            and request.guided_regex is None and request.guided_choice is None)

@@ -4,7 +4,6 @@ OpenAI model list ``GET /v1/models`` (``/v1/models/{id}``)."""
 from __future__ import annotations
 
 import asyncio
-import itertools
 import time
 
 from fastapi import APIRouter
@@ -22,18 +21,18 @@ __all__ = ["router"]
 router = APIRouter()
 
 
-def _cards(server: ServerState) -> list[ModelCard]:
-    """The served models' cards, in :func:`_served`'s order, with their lengths once loaded."""
+async def _cards(server: ServerState) -> list[ModelCard]:
+    """The served models' cards, in :func:`_served`'s order, each with its length: the chat model's
+    window (its tokenizer and config, read once off the loop), the others' once they are loaded."""
     lengths: list[int | None] = []
-    if server.loaded:
-        if server.llm is not None:
-            lengths.append(server.llm.context_window)
-        lengths.append(server.embedder.max_length)
-        if server.reranker is not None:
-            lengths.append(server.reranker.max_length)
+    if server.llm is not None:
+        lengths.append(await asyncio.to_thread(lambda: server.require_llm().context_window))
+    lengths.append(server.embedder.max_length if server.embedder.loaded else None)
+    if server.reranker is not None:
+        lengths.append(server.reranker.max_length if server.reranker.loaded else None)
     created = int(server.started)
     return [ModelCard(id=model, created=created, max_model_len=length)
-            for model, length in itertools.zip_longest(_served(server), lengths)]
+            for model, length in zip(_served(server), lengths, strict=True)]
 
 
 def _served(server: ServerState) -> list[str]:
@@ -86,13 +85,13 @@ async def prometheus(server: State) -> Response:
 @router.get(V1 + MODELS, response_model=ModelList, tags=["openai"])
 async def models(server: State) -> Response:
     """The served models: chat (unless ``--chat-model none``), embedding (and rerank, when one is loaded)."""
-    return json_response(ModelList(data=_cards(server)))
+    return json_response(ModelList(data=await _cards(server)))
 
 
 @router.get(V1 + MODELS + "/{model_id:path}", response_model=ModelCard, tags=["openai"])
 async def model(server: State, model_id: str) -> Response:
     """One served model."""
-    for card in _cards(server):
+    for card in await _cards(server):
         if model_id in (card.id, card.id.rsplit("/", 1)[-1]):
             return json_response(card)
     raise ApiError(404, f"model {model_id!r} is not served here; GET /v1/models lists the served models.",

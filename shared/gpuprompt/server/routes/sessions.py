@@ -206,7 +206,8 @@ router = APIRouter()
 async def append_turns(server: State, session_id: str, body: AppendTurnsRequest, request: Request) -> Response:
     """Append turns to a session (created on first use); each text is embedded once, batched
     with every concurrent request. A client that goes away while its turns are embedded (a
-    timeout) cancels the append: none of them is stored, so its retry does not store them twice."""
+    timeout: embedding is the long part) cancels the append, and none of them is stored; once the
+    embeddings are done the turns are stored whole, even if the client has gone by then."""
     key = session_key(session_id)
     stored = await until_disconnect(request, server.memory.aextend(key, [t.core() for t in body.turns]))
     if isinstance(stored, Response):

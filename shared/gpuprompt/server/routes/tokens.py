@@ -1,5 +1,6 @@
 """vLLM's tokenizer routes: ``POST /tokenize`` (a prompt or a conversation to the served chat model's
-token ids, counted exactly as the generation routes count them) and ``POST /detokenize``.
+token ids, as the generation routes read a request with that prompt, or those messages and tools
+under ``tool_choice="auto"``) and ``POST /detokenize``.
 
 Beside the ``/v1`` root, as vLLM serves them; cheap, so they are not counted against
 ``--max-in-flight`` (the API key and the body limit still apply).
@@ -30,9 +31,7 @@ async def tokenize(server: State, body: TokenizeRequest) -> Response:
     server.check_model(body.model, llm.model_name, "chat")
     tools = [tool.core() for tool in body.tools] if body.tools else None
     ids = await asyncio.to_thread(llm.tokenize, body.core(), tools=tools)
-    strs = None
-    if body.return_token_strs:
-        strs = await asyncio.to_thread(lambda: [llm.detokenize([token]) for token in ids])
+    strs = await asyncio.to_thread(llm.token_strs, ids) if body.return_token_strs else None
     return json_response(TokenizeResponse(count=len(ids), max_model_len=llm.context_window, tokens=ids,
                                           token_strs=strs), exclude_none=True)
 

@@ -30,9 +30,16 @@ class TokenizeRequest(_OpenAIRequest):
     add_generation_prompt: Literal[True] = True
     """Only true: the chat route always asks for a reply."""
     add_special_tokens: StrictBool | None = None
-    """A prompt's special tokens: only true (the default), as ``/v1/completions`` reads it."""
+    """vLLM's meaning and defaults: a prompt's special tokens are added (true), a conversation's come
+    from its chat template (false); the other value is refused (the generation routes never read it)."""
+    continue_final_message: Literal[False] = False
+    """Only false (the generation routes start a new assistant turn)."""
+    chat_template: None = None
+    """Refused when given: the served model's own template is what the chat route applies."""
+    chat_template_kwargs: dict[str, Any] | None = None
+    """Refused unless empty (the chat route passes none)."""
     return_token_strs: StrictBool = False
-    """Also return each token's text."""
+    """Also return each token as the tokenizer's vocabulary spells it (``convert_ids_to_tokens``)."""
 
     @model_validator(mode="after")
     def _one_input(self) -> TokenizeRequest:
@@ -40,8 +47,13 @@ class TokenizeRequest(_OpenAIRequest):
             raise ValueError("send exactly one of 'prompt' (a raw prompt) and 'messages' (a conversation)")
         if self.tools and self.messages is None:
             raise ValueError("'tools' need 'messages' (a raw prompt has no chat template to render them into)")
-        if self.add_special_tokens is False:
-            raise ValueError("'add_special_tokens' must be true: prompts are read with their special tokens here")
+        if self.add_special_tokens is not None and self.add_special_tokens != (self.messages is None):
+            raise ValueError(
+                "'add_special_tokens' must be true for a prompt and false for messages (their chat template "
+                "holds the special tokens), as the generation routes read them"
+            )
+        if self.chat_template_kwargs:
+            raise ValueError("'chat_template_kwargs' must be empty: the chat route renders the template without any")
         return self
 
     def core(self) -> Any:
@@ -59,7 +71,7 @@ class TokenizeResponse(BaseModel):
     tokens: list[int]
     """The token ids."""
     token_strs: list[str] | None = None
-    """Each token's text (with ``return_token_strs``)."""
+    """Each token as the vocabulary spells it (with ``return_token_strs``)."""
 
 
 class DetokenizeRequest(_OpenAIRequest):
