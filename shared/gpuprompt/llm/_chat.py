@@ -165,6 +165,7 @@ class ChatFormatter:
         """Each id as the tokenizer's vocabulary spells it (``convert_ids_to_tokens``).
 
         Raises:
+            InputTypeError: ``ids`` is not a list.
             InvalidInputError: an id outside the vocabulary.
         """
         self._check_ids(ids)
@@ -172,6 +173,8 @@ class ChatFormatter:
             return [str(piece) for piece in self.tokenizer.convert_ids_to_tokens(list(ids))]
 
     def _check_ids(self, ids: Sequence[int]) -> None:
+        if isinstance(ids, (str, bytes)) or not isinstance(ids, Sequence):
+            raise InputTypeError(f"'tokens' must be a list of token ids (got {describe(ids)}).")
         size = len(self.tokenizer)
         for i, token in enumerate(ids):
             if isinstance(token, bool) or not isinstance(token, int) or not 0 <= token < size:
@@ -181,6 +184,7 @@ class ChatFormatter:
         """The text of token ids (special tokens included, as the tokenizer decodes them).
 
         Raises:
+            InputTypeError: ``ids`` is not a list.
             InvalidInputError: an id outside the vocabulary.
         """
         self._check_ids(ids)

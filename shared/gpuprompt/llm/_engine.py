@@ -295,8 +295,6 @@ class LLMEngine:
             InputTypeError: ``ids`` is not a list.
             InvalidInputError: an item that is not a token id of the vocabulary.
         """
-        if isinstance(ids, (str, bytes)) or not isinstance(ids, Sequence):
-            raise InputTypeError(f"'tokens' must be a list of token ids (got {describe(ids)}).")
         return self._ensure_formatter().detokenize(ids)
 
     def token_strs(self, ids: Sequence[int]) -> list[str]:
@@ -307,8 +305,6 @@ class LLMEngine:
             InputTypeError: ``ids`` is not a list.
             InvalidInputError: an item that is not a token id of the vocabulary.
         """
-        if isinstance(ids, (str, bytes)) or not isinstance(ids, Sequence):
-            raise InputTypeError(f"'tokens' must be a list of token ids (got {describe(ids)}).")
         return self._ensure_formatter().token_strs(ids)
 
     def _prepare(self, request: Any) -> Prepared:
