@@ -7,7 +7,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from gpuprompt.errors import ConfigurationError, InputTypeError, InvalidInputError, describe
+from gpuprompt.errors import InputTypeError, InvalidInputError, describe
 from gpuprompt.validation import (
     MAX_DEPTH,
     check_metadata,
@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from gpuprompt.index import Hit, Record
 
 
-__all__ = ["_check_given_index", "_check_ids", "_faiss_filter", "_check_query", "_check_score_threshold", "_clamp01", "_from_documents", "_hit_document", "_identity", "_listed", "_no_kwargs", "_prepare", "_record_document", "_scored", "_search_kwargs", "_snapshot_path", "_vector"]
+__all__ = ["_check_ids", "_faiss_filter", "_check_query", "_check_score_threshold", "_clamp01", "_from_documents", "_hit_document", "_identity", "_listed", "_no_kwargs", "_prepare", "_record_document", "_scored", "_search_kwargs", "_snapshot_path", "_vector"]
 
 
 def _identity(score: float) -> float:
@@ -179,20 +179,3 @@ def _faiss_filter(filter: Any, depth: int = 0) -> Any:
             out[key] = value
     return out
 
-
-def _check_given_index(index: Any, metric: str | None, backend: str, device: str, options: Mapping[str, Any]) -> None:
-    """Refuse options that would configure a new index next to an ``index=`` that is used as it is
-    (they would be ignored silently)."""
-    if metric is not None and metric != index.metric:
-        raise ConfigurationError(
-            f"'metric' is {metric!r} but the given index uses {index.metric!r}; drop 'metric' (the index's own is "
-            "used) or build the index with the metric you want."
-        )
-    ignored = [name for name, value, default in (("backend", backend, "auto"), ("device", device, "auto"))
-               if value != default] + sorted(options)
-    if ignored:
-        raise ConfigurationError(
-            f"{', '.join(repr(name) for name in ignored)} configure a new index, but an index was given (it is used "
-            "as it is); drop them, or set them on "
-            "the index (load_local passes them to the load)."
-        )

@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from gpuprompt.index import Hit, IndexLike
 from langchain_gpuprompt._vectorstore_hybrid import GPUPromptRetriever, HybridStoreMixin
 from langchain_gpuprompt._vectorstore_inputs import (  # noqa: I001 - kept compact: this file is at its size limit
-    _check_given_index, _check_ids, _check_query, _check_score_threshold, _clamp01, _faiss_filter, _from_documents,
+    _check_ids, _check_query, _check_score_threshold, _clamp01, _faiss_filter, _from_documents,
     _hit_document, _identity, _no_kwargs, _prepare, _record_document, _scored, _search_kwargs, _snapshot_path, _vector,
 )
 
@@ -167,13 +167,11 @@ class GPUPromptVectorStore(HybridStoreMixin, VectorStore):
         options: dict[str, Any] = {"metric": metric, "backend": backend, "device": device, **index_options}
         local = {"backend": (backend, "auto"), "device": (device, "auto")}
         local.update((name, (value, _UNSET)) for name, value in index_options.items())
-        remote = connect_index(base_url, api_key, collection, owner="GPUPromptVectorStore", index=index, metric=metric,
-                               timeout=timeout, local_options=local)
+        remote = connect_index(base_url, api_key, collection, owner="GPUPromptVectorStore", index=index,
+                               metric=given_metric, timeout=timeout, local_options=local)
         if remote is not None:
             index = remote  # connects at first use
-        elif index is not None:
-            _check_given_index(index, given_metric, backend, device, index_options)
-        else:
+        elif index is None:
             # The core checks the options now, so a bad one fails here rather than at the first add,
             # when the index is built (the dimension is only known then). Loads nothing.
             VectorIndex.check_options(**options)

@@ -96,7 +96,8 @@ class GPUPromptVectorStore(BasePydanticVectorStore):
     Args:
         index: an existing core index to wrap: a :class:`gpuprompt.VectorIndex`, a
             :class:`gpuprompt.index.MilvusIndex` or any :class:`gpuprompt.index.IndexLike` (then
-            ``dim``, ``metric``, ``backend``, ``device`` and ``index_options`` are taken from it or ignored).
+            ``dim`` and ``metric`` are taken from it; another ``dim`` or ``metric``, or ``backend``,
+            ``device`` or ``index_options``, is refused with it: it is used as it is).
         **kwargs: the fields below.
     """
 

@@ -336,7 +336,7 @@ def connect_index(
     owner: str,
     index: Any = None,
     dim: int | None = None,
-    metric: str = "cosine",
+    metric: str | None = None,
     timeout: float | None = None,
     local_options: Mapping[str, tuple[Any, Any]] | None = None,
 ) -> IndexLike | None:
@@ -353,18 +353,22 @@ def connect_index(
         api_key: its ``api_key`` (a str, a pydantic ``SecretStr``, or None).
         collection: its ``collection`` argument, or None.
         owner: the store class's name, for messages.
-        index: its ``index`` argument (an index given is never combined with a server).
-        dim: the dimension expected, or None for the server's.
-        metric: the metric expected.
+        index: its ``index`` argument (an index given is never combined with a server, and is used as
+            it is: a ``dim`` or ``metric`` other than its own, or a local option, is refused with it).
+        dim: the dimension expected, or None for the server's (or the given index's).
+        metric: the metric expected, or None for ``"cosine"`` (or the given index's).
         timeout: seconds a request may wait for the server's answer (None: ``GPUPROMPT_TIMEOUT``, else 60).
         local_options: ``name -> (value, default)`` of the options that only configure an
-            in-process index: any not at its default is refused with a server.
+            in-process index: any not at its default is refused with a server, or with ``index``.
 
     Raises:
         ConfigurationError: a server without a collection, a collection without a server, a
-            server together with ``index``, an in-process option, or a malformed URL / key / name.
+            server together with ``index``, an in-process option with a server or with ``index``,
+            a ``dim`` or ``metric`` that is not the given index's, or a malformed URL / key / name.
     """
     if base_url is None and api_key is None and collection is None:
+        if index is not None:
+            _check_given_index(index, owner, dim, metric, local_options or {})
         return None
     if index is not None:
         raise ConfigurationError(
@@ -382,4 +386,22 @@ def connect_index(
             f"{owner} got a server ({runtime.config.shown_url!r}) but no collection: pass collection='name', the "
             "server collection to use (its first add creates it; GET /v1/collections lists them)."
         )
-    return runtime.index(dim, collection=collection, metric=metric)
+    return runtime.index(dim, collection=collection, metric=metric or "cosine")
+
+
+def _check_given_index(index: Any, owner: str, dim: int | None, metric: str | None,
+                       local_options: Mapping[str, tuple[Any, Any]]) -> None:
+    """Refuse what would configure a new index next to one that is used as it is (it would be
+    ignored silently): a dimension or metric other than the index's, or a local option."""
+    for name, given, own in (("dim", dim, index.dim), ("metric", metric, index.metric)):
+        if given is not None and given != own:
+            raise ConfigurationError(
+                f"{owner}: '{name}' is {given!r} but the given index uses {own!r}; drop '{name}' (the index's own "
+                f"is used) or build the index with the {name} you want."
+            )
+    ignored = [name for name, (value, default) in local_options.items() if value != default]
+    if ignored:
+        raise ConfigurationError(
+            f"{owner}: {', '.join(repr(name) for name in ignored)} configure a new index, but an index was given "
+            "(it is used as it is); drop them, or set them on the index itself."
+        )

@@ -379,6 +379,13 @@ def test_wraps_an_existing_core_index(nodes, li_embed) -> None:
     store.add(nodes[:5])
     assert len(index) == 5
     assert store.query(_query(li_embed, "dress", k=2)).nodes[0].relationships[NodeRelationship.SOURCE]
+    # what would configure a new index is refused next to one used as it is, never ignored
+    for options, match in [({"metric": "cosine"}, "'metric' is 'cosine' but the given index uses 'ip'"),
+                           ({"dim": 8}, "'dim' is 8 but the given index uses 384"),
+                           ({"backend": "faiss"}, "'backend' configure a new index"),
+                           ({"index_options": {"index_factory": "HNSW32"}}, "'index_options' configure a new index")]:
+        with pytest.raises(ConfigurationError, match=match):
+            GPUPromptVectorStore(index=index, **options)
 
 
 @pytest.mark.parametrize("alpha", [2.0, -0.1, float("nan"), True])
