@@ -443,7 +443,8 @@ _FILTER_PATH_RE = re.compile(r"\s*\(at filter path ([^)]*)\)\s*$")
 
 def error_from_status(status: int, body: Any, headers: Any = None, url: str = "", *,
                       service: str = "the LLM server") -> Exception:
-    """The typed error for an HTTP error answer (OpenAI envelope ``{"error": {...}}`` or text).
+    """The typed error for an HTTP error answer (OpenAI envelope ``{"error": {...}}`` or text); its
+    ``status`` attribute holds the HTTP status.
 
     Args:
         status: the HTTP status.
@@ -455,6 +456,12 @@ def error_from_status(status: int, body: Any, headers: Any = None, url: str = ""
     Returns:
         The exception to raise (see the module's table).
     """
+    error = _typed_error(status, body, headers, url, service)
+    error.status = status  # type: ignore[attr-defined]
+    return error
+
+
+def _typed_error(status: int, body: Any, headers: Any, url: str, service: str) -> Exception:
     message, code, param = _parse(body)
     where = f"{service} at {redact(url)}" if url else service
     text = f"{where} answered {status}: {message}"

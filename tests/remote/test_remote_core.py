@@ -223,6 +223,8 @@ def test_tokenize_and_detokenize_match_the_engine(live, remote_llm_engine) -> No
         assert refused.json()["error"]["param"] == param, refused.json()
     with pytest.raises(InvalidInputError, match=r"tokens\[0\]"):
         remote.detokenize([-1])
+    with pytest.raises(InvalidInputError, match="lone surrogate"):
+        remote_llm_engine.tokenize("a \ud800 b")  # checked as a request's prompt is, never the tokenizer's TypeError
 
 
 # ---------------------------------------------------------------------- errors

@@ -151,7 +151,7 @@ class ChatFormatter:
         if isinstance(messages_or_prompt, str):
             if tools:
                 raise InvalidInputError("'tools' need chat messages (got a raw prompt str).")
-            return self.encode_prompt(messages_or_prompt)
+            return self._encode(GenerationRequest(prompt=messages_or_prompt))  # checked as a request's prompt
         if isinstance(messages_or_prompt, GenerationRequest):
             return self._encode(messages_or_prompt)
         if not isinstance(messages_or_prompt, Sequence):

@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
-import re
 import threading
 import time
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
@@ -490,12 +489,10 @@ class RemoteLLM:
         """
         request = _count_request(messages_or_prompt, tools)
         if _tokenizable(request):
-            try:
-                return len(self._tokenize(request))
-            except GPUPromptError as exc:
-                if _status(exc) not in _NO_TOKENIZE:
-                    raise
-                # a server without vLLM's /tokenize (OpenAI's API, TGI, llama.cpp): count by a generation
+            ids = self._tokenize(request)
+            if ids is not None:
+                return len(ids)
+            # a server without vLLM's /tokenize (OpenAI's API, TGI, llama.cpp): count by a generation
         try:
             [result] = self.generate([request])
         except ContextLengthError as exc:  # past the window: the refusal carries the exact count
@@ -508,13 +505,18 @@ class RemoteLLM:
         self, messages_or_prompt: str | Sequence[Mapping[str, Any]] | GenerationRequest, *, tools: Any = None
     ) -> list[int]:
         """The served chat model's token ids of a prompt (``POST /tokenize``), as :meth:`count_tokens`
-        counts them.
+        counts them (a GenerationRequest's with the default tool plan: ``tool_choice="auto"``, no
+        guided output).
 
         Raises:
             InputTypeError: neither a str, a list of message dicts nor a GenerationRequest.
             EngineError: the server has no ``/tokenize`` (gpuprompt serve and vLLM have it).
         """
-        return self._tokenize(_count_request(messages_or_prompt, tools))
+        ids = self._tokenize(_count_request(messages_or_prompt, tools))
+        if ids is None:
+            raise EngineError(f"{SERVICE} at {redact(self.client.root)} has no vLLM /tokenize route (gpuprompt serve "
+                              "and vLLM have it); count with count_tokens instead.")
+        return ids
 
     def detokenize(self, ids: Sequence[int]) -> str:
         """The text of the served chat model's token ids (``POST /detokenize``).
@@ -535,19 +537,24 @@ class RemoteLLM:
             raise EngineError(f"{SERVICE} at {redact(self.client.root)} did not answer /detokenize with a prompt.")
         return text
 
-    def _tokenize(self, request: GenerationRequest) -> list[int]:
+    def _tokenize(self, request: GenerationRequest) -> list[int] | None:
+        """The ids of ``request``'s prompt from ``POST /tokenize``, or None where the server has no
+        vLLM ``/tokenize`` (it answers 404/405/422/501, or not vLLM's shape, as llama.cpp's)."""
         self.load()
         _, chat = request_body(request, self._served if self.model is not None else None)
         body = {key: chat[key] for key in ("model", "messages", "tools") if key in chat}
         if request.prompt is not None:
             body["prompt"] = request.prompt
-        answer = self.client.request("POST", TOKENIZE, body, idempotent=True)
+        try:
+            answer = self.client.request("POST", TOKENIZE, body, idempotent=True)
+        except GPUPromptError as exc:
+            if getattr(exc, "status", None) in _NO_TOKENIZE:
+                return None
+            raise
         ids = answer.get("tokens") if isinstance(answer, dict) else None
         if (not isinstance(ids, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids)
                 or answer.get("count") != len(ids)):
-            # not vLLM's answer (llama.cpp's /tokenize takes another body and answers no count)
-            raise EngineError(f"{SERVICE} at {redact(self.client.root)} answered 501: its /tokenize is not "
-                              "vLLM's (no token ids with their count).")
+            return None
         return ids
 
     def stats(self) -> EngineStats:
@@ -606,13 +613,6 @@ def _count_request(messages_or_prompt: Any, tools: Any) -> GenerationRequest:
 
 _NO_TOKENIZE = frozenset({404, 405, 422, 501})
 """Statuses of a server whose ``/tokenize`` is missing or not vLLM's: counting falls back."""
-_STATUS = re.compile(r" answered (\d{3}): ")
-
-
-def _status(exc: BaseException) -> int | None:
-    """The HTTP status a typed error from :func:`gpuprompt.wire.error_from_status` names."""
-    found = _STATUS.search(str(exc))
-    return int(found.group(1)) if found else None
 
 
 def _tokenizable(request: GenerationRequest) -> bool:
