@@ -20,7 +20,7 @@ from gpuprompt.llm import check_call_policy
 from gpuprompt.models import BUNDLED_CHAT_MODEL
 from gpuprompt.remote import ENV_API_KEY
 from gpuprompt.runtime import connect
-from gpuprompt.validation import configuration_error
+from gpuprompt.validation import configuration_error, read_aliases
 from gpuprompt.wire import redact
 from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
 from langchain_core.language_models import BaseChatModel, LanguageModelInput, ModelProfile
@@ -189,12 +189,7 @@ class ChatGPUPrompt(BaseChatModel):
     _runtime: Runtime | RemoteRuntime | None = PrivateAttr(default=None)
 
     def __init__(self, **data: Any) -> None:
-        for alias, name in _ALIASES.items():  # the names a user of ChatOpenAI / HuggingFace types
-            if alias in data:
-                if name in data:
-                    raise ConfigurationError(f"ChatGPUPrompt got both '{alias}' and '{name}' (the same setting); "
-                                             "pass one.")
-                data[name] = data.pop(alias)
+        data = read_aliases(data, _ALIASES, "ChatGPUPrompt")  # the names a user of ChatOpenAI / HuggingFace types
         try:
             super().__init__(**data)
         except ValidationError as exc:  # a field of the wrong type: our typed error, naming it

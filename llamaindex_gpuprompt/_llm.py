@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from gpuprompt.errors import ConfigurationError, InputTypeError, InvalidInputError, describe
 from gpuprompt.llm import check_call_policy
 from gpuprompt.runtime import connect
-from gpuprompt.validation import configuration_error
+from gpuprompt.validation import configuration_error, read_aliases
 from llama_index.core.base.llms.types import (
     ChatMessage,
     ChatResponse,
@@ -90,9 +90,8 @@ _STOCK_NAMES = {"model_name": "model", "max_new_tokens": "max_tokens", "context_
 _PROMPT_HOOKS = ("messages_to_prompt", "completion_to_prompt", "query_wrapper_prompt")
 
 
-def _stock_names(model: str | None, kwargs: dict[str, Any]) -> str | None:
-    """Read ``HuggingFaceLLM``'s argument names as ours (in ``kwargs``, in place); refuse its prompt
-    hooks, which this class would not call. Returns the model argument."""
+def _refuse_prompt_hooks(kwargs: dict[str, Any]) -> None:
+    """Refuse ``HuggingFaceLLM``'s prompt hooks: this class would never call them."""
     for hook in _PROMPT_HOOKS:
         if kwargs.get(hook) is not None:
             raise ConfigurationError(
@@ -100,18 +99,6 @@ def _stock_names(model: str | None, kwargs: dict[str, Any]) -> str | None:
                 "called; drop it (to change the template, give the model folder a chat_template, or put "
                 "instructions in system_prompt)."
             )
-    for stock, ours in _STOCK_NAMES.items():
-        if stock not in kwargs:
-            continue
-        value = kwargs.pop(stock)
-        given = model if ours == "model" else kwargs.get(ours)
-        if given is not None:
-            raise ConfigurationError(f"GPUPromptLLM got both '{stock}' and '{ours}' (the same setting); pass one.")
-        if ours == "model":
-            model = value
-        else:
-            kwargs[ours] = value
-    return model
 
 
 def _usage_dict(usage: Usage | None) -> dict[str, int]:
@@ -276,7 +263,9 @@ class GPUPromptLLM(StructuredOutputMixin, FunctionCallingLLM):
             if not isinstance(engine, LLMEngine):
                 raise ConfigurationError(f"'engine' must be a gpuprompt.LLMEngine or None (got {describe(engine)}).")
             model = engine.config.model
-        model = _stock_names(model, kwargs)
+        _refuse_prompt_hooks(kwargs)
+        kwargs = read_aliases({"model": model, **kwargs}, _STOCK_NAMES, "GPUPromptLLM")
+        model = kwargs.pop("model")
         check_options("engine_options", kwargs.get("engine_options"), ("model", "backend", "device", "max_model_len"))
         try:
             super().__init__(model=model, **kwargs)

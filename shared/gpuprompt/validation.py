@@ -40,6 +40,7 @@ __all__ = [
     "check_ttl",
     "configuration_error",
     "fail",
+    "read_aliases",
 ]
 
 E = TypeVar("E", bound=Exception)
@@ -454,6 +455,23 @@ def _check_real_items(row: list[Any] | tuple[Any, ...], row_name: str, name: str
                 fix=f"'{row_name}[{position}]' is {describe(row[position])}.",
                 error=InputTypeError,
             )
+
+
+def read_aliases(options: Mapping[str, Any], aliases: Mapping[str, str], owner: str) -> dict[str, Any]:
+    """``options`` with each key of ``aliases`` (another library's name for a setting, such as
+    ``HuggingFaceLLM``'s ``max_new_tokens``) renamed to ours, so a swapped-in class keeps its
+    arguments.
+
+    Raises:
+        ConfigurationError: a setting given under both names.
+    """
+    out = dict(options)
+    for alias, name in aliases.items():
+        if alias in out:
+            if out.get(name) is not None:
+                raise ConfigurationError(f"{owner} got both '{alias}' and '{name}' (the same setting); pass one.")
+            out[name] = out.pop(alias)
+    return out
 
 
 def configuration_error(exc: Exception, owner: str) -> Exception:
