@@ -337,7 +337,7 @@ class GPUPromptLLM(StructuredOutputMixin, FunctionCallingLLM):
         key = self.system_prompt
         cached = self._template_cache
         engine = self.engine
-        if self._runtime is not None and self._runtime.remote and not getattr(engine, "loaded", True):
+        if not getattr(engine, "loaded", True):  # a RemoteLLM before its first call
             return 0  # metadata asks a remote server nothing before the first call (a silent one would stall it)
         if cached is None or cached[0] != key:
             messages = [{"role": "user", "content": ""}]
