@@ -505,17 +505,22 @@ class GPUPromptVectorStore(BasePydanticVectorStore):
     def from_persist_path(
         cls, persist_path: str, fs: Any = None, *, device: str = "auto", **kwargs: Any
     ) -> GPUPromptVectorStore:
-        """Load a store saved by :meth:`persist`.
+        """Load a store saved by :meth:`persist` (``device``, ``backend`` and ``index_options`` apply to
+        the load, over the saved settings; other ``kwargs`` go to the constructor).
 
         Raises:
             SnapshotError: the snapshot is missing, truncated or tampered with.
             InvalidInputError: ``persist_path`` is not a usable folder path (see :meth:`persist`).
+            ConfigurationError: a load option the index refuses.
         """
         _check_local_fs(fs)
         persist_path = check_path(persist_path, "persist_path")
         from gpuprompt.index import load_index
 
-        return cls(index=load_index(persist_path, device=device), device=device, **kwargs)
+        options = dict(kwargs.pop("index_options", None) or {})
+        if "backend" in kwargs:
+            options["backend"] = kwargs.pop("backend")
+        return cls(index=load_index(persist_path, device=device, **options), **kwargs)
 
     @classmethod
     def from_persist_dir(
