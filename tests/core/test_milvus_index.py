@@ -126,6 +126,32 @@ def test_upsert_delete_get_ids_count(uri, data) -> None:
     assert index.ids() == ["c"]
 
 
+def test_ids_with_quotes_and_backslashes_are_read_and_deleted_exactly(uri, data) -> None:
+    """pymilvus's ``ids=`` pastes an id between quotes as it is: ``O'Brien`` broke the expression, and a
+    crafted id (``x', 'victim``) selected, then deleted, other records. Ids are spelled as escaped
+    literals now, so each selects itself only, as in the in-process index."""
+    odd = ["cust-O'Brien", "C:\\orders\\7", 'q\\"', 'say "hi"', "{ids}", "unicodé 😀", "victim", "other"]
+    index = fresh(uri)
+    reference = VectorIndex(DIM)
+    for target in (index, reference):
+        target.add(odd, data["vectors"][: len(odd)], documents=[f"doc of {key}" for key in odd])
+    assert [r.id for r in index.get(odd)] == odd
+    assert [r.document for r in index.get(["cust-O'Brien", 'q\\"'])] == ["doc of cust-O'Brien", 'doc of q\\"']
+    for crafted in (["nope', 'victim', 'other"], ['nope", "victim'], ["x'] or id != ['"]):
+        assert index.get(crafted) == [] and index.delete(crafted) == 0 == reference.delete(crafted)
+    assert sorted(index.ids()) == sorted(odd)
+    gone = ["cust-O'Brien", "C:\\orders\\7", 'q\\"']
+    assert index.delete(gone) == 3 == reference.delete(gone)
+    assert sorted(index.ids()) == sorted(reference.ids())
+    index.lexical_search(["doc"], k=2)  # after a lexical search an add reads the replaced rows first
+    index.add(["it's-new", 'say "hi"'], data["vectors"][:2], documents=["new", "replaced"])
+    assert [r.document for r in index.get(["it's-new", 'say "hi"'])] == ["new", "replaced"]
+    assert len(index) == len(odd) - 3 + 1
+    with pytest.raises(InvalidInputError, match=r"ids\[1\].*control character \(U\+000A\)"):
+        index.add(["fine", "line\nbreak"], data["vectors"][:2])
+    assert index.get(["fine"]) == [] and len(index) == len(odd) - 2
+
+
 def test_k_larger_than_count_and_empty_queries(uri, data) -> None:
     index = fresh(uri)
     index.add(["a", "b"], data["vectors"][:2])

@@ -10,7 +10,7 @@ import asyncio
 import json
 import threading
 import weakref
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -25,7 +25,7 @@ from gpuprompt.index._config import IndexConfig, check_embedder_args, record_emb
 from gpuprompt.index._groups import GroupSearchMixin
 from gpuprompt.index._hybrid import HybridSearchMixin
 from gpuprompt.index._milvus_lexical import AVGDL_PROPERTY, FIELD, LexicalCounts, document_vector, first_avgdl
-from gpuprompt.index._milvus_filters import compile_milvus
+from gpuprompt.index._milvus_filters import compile_milvus, literal
 from gpuprompt.index._milvus_schema import (
     MilvusOptions,
     check_rows,
@@ -213,8 +213,9 @@ class MilvusIndex(AsyncIndexMixin, GroupSearchMixin, HybridSearchMixin):
     ) -> list[str]:
         """Insert or replace records (upsert), checked as :meth:`VectorIndex.add` checks them.
 
-        Also refused (InvalidInputError, nothing written): an id over 4,096 bytes, a document over
-        65,535 bytes, metadata over 64 KiB of JSON, a declared scalar field of another kind.
+        Also refused (InvalidInputError, nothing written): an id over 4,096 bytes or holding a control
+        character (a Milvus expression cannot spell it), a document over 65,535 bytes, metadata over
+        64 KiB of JSON, a declared scalar field of another kind.
         ``embedder`` is recorded in the collection's properties (``gpuprompt.embed``) by the
         first add naming one; a later add from another embedder raises ``EmbedderMismatchError``
         unless ``allow_other_embedder``.
@@ -285,7 +286,8 @@ class MilvusIndex(AsyncIndexMixin, GroupSearchMixin, HybridSearchMixin):
             found = self._fetch(client, id_list, ["id", "document"] if counts is not None else ["id"])
             present = [row["id"] for row in found]
             if present:
-                client.delete(self._options.collection, ids=present)
+                for expr in _id_expressions(present):
+                    client.delete(self._options.collection, filter=expr)
                 if counts is not None:
                     counts.remove(row.get("document") for row in found)
         return len(present)
@@ -314,8 +316,8 @@ class MilvusIndex(AsyncIndexMixin, GroupSearchMixin, HybridSearchMixin):
     # ------------------------------------------------------------------ reads
     def _fetch(self, client: Any, ids: list[str], fields: list[str]) -> list[dict[str, Any]]:
         out: list[dict[str, Any]] = []
-        for start in range(0, len(ids), _GET_CHUNK):
-            out.extend(client.get(self._options.collection, ids=ids[start : start + _GET_CHUNK], output_fields=fields))
+        for expr in _id_expressions(ids):
+            out.extend(client.query(self._options.collection, filter=expr, output_fields=fields))
         return out
 
     def get(self, ids: Sequence[str]) -> list[Record]:
@@ -548,6 +550,16 @@ class MilvusIndex(AsyncIndexMixin, GroupSearchMixin, HybridSearchMixin):
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
+
+
+def _id_expressions(ids: Sequence[str]) -> Iterator[str]:
+    """``id in [...]`` expressions selecting ``ids``, at most ``_GET_CHUNK`` each, every id spelled as an
+    escaped literal. (pymilvus's own ``ids=`` pastes each id between quotes as it is, so an id holding
+    a quote would break the expression or select other records.) An id Milvus has no literal for
+    (a control character) is left out: :func:`check_rows` never stores one."""
+    spelled = [text for text in map(literal, ids) if text is not None]
+    for start in range(0, len(spelled), _GET_CHUNK):
+        yield f"id in [{', '.join(spelled[start : start + _GET_CHUNK])}]"
 
 
 def _meta(row: Mapping[str, Any]) -> dict[str, Any]:

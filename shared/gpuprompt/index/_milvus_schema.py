@@ -363,14 +363,22 @@ def check_rows(
     """The Milvus rows of a checked upsert; refuses what Milvus cannot store, naming the item.
 
     Raises:
-        InvalidInputError: an id over 4,096 bytes, a document over 65,535 bytes, metadata over
-            65,536 bytes of JSON, or a declared scalar field holding a value of another kind.
+        InvalidInputError: an id over 4,096 bytes or holding a control character, a document over
+            65,535 bytes, metadata over 65,536 bytes of JSON, or a declared scalar field holding a
+            value of another kind.
     """
     rows: list[dict[str, Any]] = []
     scalar = options.scalar_fields
     for i, (key, vector, document, metadata) in enumerate(zip(ids, vectors, documents, metadatas)):
         if _utf8(key) > MAX_ID_BYTES:
             raise InvalidInputError(f"'ids[{i}]' must be at most {MAX_ID_BYTES} bytes of UTF-8 in Milvus (got {_utf8(key)}).")
+        control = next((ch for ch in key if ord(ch) < 32 or ord(ch) == 127), None)
+        if control is not None:
+            raise InvalidInputError(
+                f"'ids[{i}]' holds a control character (U+{ord(control):04X}), which a Milvus expression cannot "
+                f"spell, so the record could never be read or deleted by id (got {key!r}); remove control "
+                "characters (newlines, tabs) from ids stored in Milvus."
+            )
         if document is not None and _utf8(document) > MAX_VARCHAR_BYTES:
             raise InvalidInputError(
                 f"'documents[{i}]' must be at most {MAX_VARCHAR_BYTES} bytes of UTF-8 in Milvus (got "
