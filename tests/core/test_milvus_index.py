@@ -152,6 +152,22 @@ def test_ids_with_quotes_and_backslashes_are_read_and_deleted_exactly(uri, data)
     assert index.get(["fine"]) == [] and len(index) == len(odd) - 2
 
 
+def test_reads_load_a_released_collection_again(uri, data) -> None:
+    """A Milvus server that restarts brings collections back released; a long-lived handle (a server's)
+    loads it again on its next read rather than failing every read until its process restarts."""
+    index = fresh(uri)
+    index.add(data["ids"][:5], data["vectors"][:5], documents=data["docs"][:5])
+    expected = [hit.id for hit in index.search(data["queries"][0], k=3)[0]]
+    raw = index._ensure()._client  # the pymilvus client under the typed proxy
+    for read in (lambda: [hit.id for hit in index.search(data["queries"][0], k=3)[0]],
+                 lambda: [record.id for record in index.get(data["ids"][:2])],
+                 lambda: sorted(index.ids())):
+        raw.release_collection(index.options.collection)
+        assert read() in (expected, data["ids"][:2], sorted(data["ids"][:5]))
+    raw.release_collection(index.options.collection)
+    assert index.delete(data["ids"][:1]) == 1 and len(index) == 4
+
+
 def test_k_larger_than_count_and_empty_queries(uri, data) -> None:
     index = fresh(uri)
     index.add(["a", "b"], data["vectors"][:2])

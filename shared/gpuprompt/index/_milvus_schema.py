@@ -229,9 +229,18 @@ def _quiet_lite_probes() -> None:
         grpc_server.addFilter(_UnimplementedProbe())
 
 
+_READS = frozenset({"search", "hybrid_search", "query", "get", "query_iterator", "search_iterator"})
+"""The calls that need the collection loaded: after a Milvus server restart it comes back released."""
+
+
 class _TypedClient:
     """A ``MilvusClient`` proxy: every call's pymilvus / gRPC failure becomes a gpuprompt error
-    naming the address and what Milvus said (iterators it returns are wrapped the same way)."""
+    naming the address and what Milvus said (iterators it returns are wrapped the same way).
+
+    A read refused because the collection is not loaded (a Milvus server restarted since this
+    handle loaded it) loads the collection again and is retried once: without that a long-lived
+    handle, such as a server's, would fail every read until its process restarted.
+    """
 
     def __init__(self, client: Any, uri: str) -> None:
         self._client = client
@@ -244,12 +253,28 @@ class _TypedClient:
 
         def call(*args: Any, **kwargs: Any) -> Any:
             with _typed(self._uri, name):
-                out = target(*args, **kwargs)
+                try:
+                    out = target(*args, **kwargs)
+                except Exception as exc:
+                    collection = args[0] if args else kwargs.get("collection_name")
+                    if name not in _READS or not isinstance(collection, str) or not _not_loaded(exc):
+                        raise
+                    self._client.load_collection(collection)
+                    out = target(*args, **kwargs)
             if hasattr(out, "next") and hasattr(out, "close") and not isinstance(out, (list, dict)):
                 return _TypedClient(out, self._uri)
             return out
 
         return call
+
+
+def _not_loaded(exc: BaseException) -> bool:
+    """Whether Milvus refused a read because the collection is not loaded (code 101)."""
+    if not _is_milvus_failure(exc):
+        return False
+    code = getattr(exc, "code", None)
+    text = str(getattr(exc, "message", "") or exc).lower()
+    return code == 101 or "not loaded" in text or "released" in text
 
 
 class _typed:
