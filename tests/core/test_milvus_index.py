@@ -319,6 +319,26 @@ def test_an_existing_collection_must_agree(uri, data) -> None:
         MilvusIndex(DIM, uri=uri, collection=name, scalar_fields={"lang": "str"}).ids()
 
 
+def test_a_foreign_collection_with_our_field_names_but_other_types_is_refused(uri) -> None:
+    """langchain_milvus with primary_field="id", text_field="document", metadata_field="metadata" and
+    auto_id makes an INT64 'id': refused when opened, rather than failing each later read."""
+    from pymilvus import DataType
+
+    index = fresh(uri)
+    client = index._ensure()
+    name = f"foreign_{uuid.uuid4().hex}"
+    schema = client.create_schema(auto_id=True)
+    schema.add_field("id", DataType.INT64, is_primary=True)
+    schema.add_field("vector", DataType.FLOAT_VECTOR, dim=DIM)
+    schema.add_field("document", DataType.VARCHAR, max_length=100)
+    schema.add_field("metadata", DataType.JSON)
+    params = client.prepare_index_params()
+    params.add_index("vector", index_type="FLAT", metric_type="COSINE")
+    client.create_collection(name, schema=schema, index_params=params)
+    with pytest.raises(ConfigurationError, match=r"not its layout.*'id': 'INT64'.*auto_id"):
+        MilvusIndex(DIM, uri=uri, collection=name).ids()
+
+
 def test_a_handle_naming_fewer_typed_fields_adopts_the_collections(uri, data) -> None:
     # A second writer (another process, index-bulk, a server) that does not repeat scalar_fields must
     # still fill the typed columns: a NULL column would hide its records from the typed filters.

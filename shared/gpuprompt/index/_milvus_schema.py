@@ -339,7 +339,8 @@ def existing_layout(client: Any, collection: str) -> tuple[int, str, str, dict[s
     """``(dim, metric, index_type, scalar_fields)`` of a collection this class created.
 
     Raises:
-        ConfigurationError: the collection was not made by MilvusIndex (fields missing).
+        ConfigurationError: the collection was not made by MilvusIndex (fields missing, or of
+            other types).
     """
     pymilvus = import_pymilvus()
     types = pymilvus.DataType
@@ -349,6 +350,16 @@ def existing_layout(client: Any, collection: str) -> tuple[int, str, str, dict[s
         raise ConfigurationError(
             f"the Milvus collection {collection!r} has fields {sorted(fields)}, not those of a MilvusIndex "
             f"({list(RESERVED)}); pass another collection= name."
+        )
+    wanted = {"id": types.VARCHAR, "vector": types.FLOAT_VECTOR, "document": types.VARCHAR, "metadata": types.JSON}
+    other = {name: getattr(fields[name]["type"], "name", str(fields[name]["type"]))
+             for name, kind in wanted.items() if fields[name]["type"] != kind}
+    if other or not fields["id"].get("is_primary") or fields["id"].get("auto_id"):
+        raise ConfigurationError(
+            f"the Milvus collection {collection!r} has the field names of a MilvusIndex but not its layout "
+            f"(a MilvusIndex has a VARCHAR primary key 'id' without auto_id, a FLOAT_VECTOR 'vector', a VARCHAR "
+            f"'document' and a JSON 'metadata'; this one has {other or 'another primary key'}"
+            f"{', auto_id' if fields['id'].get('auto_id') else ''}); pass another collection= name."
         )
     dim = int(fields["vector"]["params"]["dim"])
     index = _vector_index(client, collection)
