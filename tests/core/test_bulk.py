@@ -205,6 +205,42 @@ def test_a_rerun_skips_everything_and_a_changed_input_upserts(corpus: Path, tmp_
     assert len(got) == changed.chunks
 
 
+def test_a_rerun_deletes_what_was_removed_from_the_input_and_nothing_of_other_inputs(
+    tmp_path: Path, embedder, monkeypatch
+) -> None:
+    # Default ids are positional (<file>:<line>): removing line 2 shifts the later lines, and the old
+    # last line's id would stay behind as a second copy of it. A file removed from a folder leaves
+    # nothing behind either; another input's records in the same target are never touched.
+    texts = make_texts(6, seed=11)
+    options = {**OPTIONS, "id_field": None}
+    monkeypatch.chdir(tmp_path)
+    write_jsonl(tmp_path / "rows.jsonl", [{"text": t} for t in texts[:4]])
+    write_jsonl(tmp_path / "rows.jsonl.bak.jsonl", [{"text": texts[5]}])  # a neighbour whose name extends it
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "a.txt").write_text(texts[4])
+    (tmp_path / "notes" / "b.txt").write_text(texts[5])
+    for source in ("rows.jsonl", "rows.jsonl.bak.jsonl", "notes"):
+        index_bulk(source, tmp_path / "kb", embedder=embedder, **options)
+    write_jsonl(tmp_path / "rows.jsonl", [{"text": t} for t in (texts[0], texts[2], texts[3])])
+    (tmp_path / "notes" / "b.txt").unlink()
+    index_bulk("rows.jsonl", tmp_path / "kb", embedder=embedder, **options)
+    index_bulk("notes", tmp_path / "kb", embedder=embedder, **options)
+    got = records(tmp_path / "kb")
+    by_source: dict[str, list[str]] = {}
+    for record in got.values():
+        by_source.setdefault(record.metadata["source"], []).append(record.document)
+    assert sorted(by_source) == ["notes/a.txt", "rows.jsonl.bak.jsonl:1", "rows.jsonl:1", "rows.jsonl:2",
+                                 "rows.jsonl:3"]
+    documents = [record.document for record in got.values()]
+    assert len(documents) == len(set(documents))  # no copy of a shifted line under a dead id
+    # With id_field the ids say nothing of their input: a removed record stays (documented).
+    write_jsonl(tmp_path / "named.jsonl", [{"id": f"n{i}", "text": t} for i, t in enumerate(texts[:2])])
+    index_bulk("named.jsonl", tmp_path / "named", embedder=embedder, **OPTIONS)
+    write_jsonl(tmp_path / "named.jsonl", [{"id": "n1", "text": texts[1]}])
+    index_bulk("named.jsonl", tmp_path / "named", embedder=embedder, **OPTIONS)
+    assert {r.metadata["source"] for r in records(tmp_path / "named").values()} == {"n0", "n1"}
+
+
 # ---------------------------------------------------------------------------------------- resume
 def test_a_bad_line_keeps_the_work_before_it_and_the_fixed_file_goes_on(corpus: Path, tmp_path: Path, embedder) -> None:
     good = corpus.read_text()

@@ -7,7 +7,7 @@ writes the index's pointer folder (``load_index`` reopens it), then the job reco
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -67,8 +67,8 @@ class MilvusWriter:
     ) -> None:
         self.index.add(list(ids), vectors, documents=list(documents), metadatas=list(metadatas), embedder=self.embedder)
 
-    def stale_ids(self, current: set[str]) -> list[str]:
-        return stale_ids(self.index.ids(), current) if self.existed else []
+    def stale_ids(self, current: set[str], owned: Callable[[str], bool]) -> list[str]:
+        return stale_ids(self.index.ids(), current, owned) if self.existed else []
 
     def delete(self, ids: Sequence[str]) -> None:
         self.index.delete(list(ids))

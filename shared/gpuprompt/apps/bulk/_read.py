@@ -115,6 +115,7 @@ class BulkInput:
             self.kind = "text"
             label = _label(root, options.id_prefix)
             self.files = [(p, _joined(label, p.relative_to(root).as_posix())) for p in files]
+            self._folder: str | None = label
         else:
             suffix = root.suffix.lower()
             if suffix in JSONL_SUFFIXES:
@@ -130,7 +131,21 @@ class BulkInput:
                     f"({', '.join(TEXT_SUFFIXES)}), or a folder of text files."
                 )
             self.files = [(root, _label(root, options.id_prefix) or root.name)]
+            self._folder = None
         self.path = root
+
+    def owns(self, source: str) -> bool:
+        """Whether ``source`` is one this input would name by default, though it may hold it no more:
+        ``<file>:<line>`` of this JSONL or Parquet file, or ``<folder>/<file>`` of this folder. A
+        re-run deletes the chunks of such sources that it no longer reads (a removed line or file).
+        False with ``id_field`` (the ids say nothing of their input), for a folder named ``""``, and
+        for one text file (its one source is always read)."""
+        if self.options.id_field is not None:
+            return False
+        if self.kind == "text":
+            return bool(self._folder) and source.startswith(f"{self._folder}/")
+        name, sep, line = source.rpartition(":")
+        return bool(sep) and name == self.files[0][1] and line.isdigit()
 
     def __repr__(self) -> str:
         return f"<BulkInput {self.kind} {str(self.path)!r} files={len(self.files)}>"

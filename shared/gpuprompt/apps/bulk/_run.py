@@ -112,7 +112,9 @@ def index_bulk(
             ``<id>#<n>``. None: ``<file>:<line>#<n>`` (``<folder>/<file>#<n>`` for a folder of text
             files), where ``<file>`` is the input's path relative to the current folder when it is
             inside it, else absolute: two inputs never share ids. A resumed run must name the
-            input the same way (same folder, or the same ``id_prefix``).
+            input the same way (same folder, or the same ``id_prefix``). A finished re-run deletes
+            the chunks of sources it no longer reads: a shortened text's extra chunks and, with the
+            default ids, those of a removed line or file; with ``id_field`` a removed record stays.
         id_prefix: the input's name in those default ids instead of its path (e.g. ``"reports-2024"``;
             ``""`` for a folder: ids are the files' paths inside it). Ignored with ``id_field``.
         metadata_fields: record fields copied into each chunk's metadata (with ``source`` and ``chunk``).
@@ -182,7 +184,7 @@ def index_bulk(
             )
         else:
             embedded, skipped, actors = _embed_here(_shards(source, batch_size, job.seen), job, emb, bar), job.skipped, 1
-        job.finish()
+        job.finish(source.owns)
     except BaseException:
         job.salvage()  # keep what was written (Ctrl-C, a bad record further on): a re-run goes on from there
         raise
@@ -259,11 +261,12 @@ class _Job:
         except Exception:  # the target itself may be what failed; the original error matters more
             logger.warning("could not save the progress of the failed bulk job", exc_info=True)
 
-    def finish(self) -> None:
-        # A source whose text got shorter leaves chunks with higher numbers from an earlier run.
-        stale = self.writer.stale_ids(self.seen)
+    def finish(self, owned: Callable[[str], bool]) -> None:
+        # A source whose text got shorter leaves chunks with higher numbers from an earlier run, and a
+        # line or file removed from the input (``owned``: this input's default sources) leaves all of its.
+        stale = self.writer.stale_ids(self.seen, owned)
         if stale:
-            logger.info("deleting %d chunks of changed sources left by an earlier run", len(stale))
+            logger.info("deleting %d chunks of changed or removed sources left by an earlier run", len(stale))
             self.writer.delete(stale)
         self.state.complete = True
         self.commit()

@@ -8,7 +8,7 @@ target here; a Milvus collection (``gpuprompt.MilvusIndex``) plugs in the same w
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
@@ -36,9 +36,10 @@ class BulkWriter(Protocol):
     ) -> None:
         """Upsert records (an existing id is replaced)."""
 
-    def stale_ids(self, current: set[str]) -> list[str]:
-        """Ids in the target of a source that ``current`` (this input's chunk ids) also has, but that
-        ``current`` lacks: chunks of a source whose text got shorter since an earlier run."""
+    def stale_ids(self, current: set[str], owned: Callable[[str], bool]) -> list[str]:
+        """Ids in the target that ``current`` (this input's chunk ids) lacks, of a source that
+        ``current`` also has (its text got shorter since an earlier run) or that ``owned`` says this
+        input named (a record or file since removed from it)."""
 
     def delete(self, ids: Sequence[str]) -> None:
         """Delete records by id."""
@@ -89,10 +90,10 @@ class SnapshotWriter:
     ) -> None:
         self.index.add(list(ids), vectors, documents=list(documents), metadatas=list(metadatas), embedder=self.embedder)
 
-    def stale_ids(self, current: set[str]) -> list[str]:
+    def stale_ids(self, current: set[str], owned: Callable[[str], bool]) -> list[str]:
         if not self.existed:
             return []
-        return stale_ids(self.index.ids(), current)
+        return stale_ids(self.index.ids(), current, owned)
 
     def delete(self, ids: Sequence[str]) -> None:
         self.index.delete(list(ids))
@@ -104,11 +105,18 @@ class SnapshotWriter:
         self.index.close()
 
 
-def stale_ids(stored: Sequence[str], current: set[str]) -> list[str]:
-    """The ids in ``stored`` whose source (the part before the last ``#``) has a chunk in
-    ``current`` but which are not in ``current`` themselves."""
+def stale_ids(stored: Sequence[str], current: set[str], owned: Callable[[str], bool]) -> list[str]:
+    """The ids in ``stored`` that are not in ``current`` and whose source (the part before the last
+    ``#``) has a chunk in ``current`` or is ``owned`` by this input."""
     sources = {chunk_id.rpartition("#")[0] for chunk_id in current}
-    return [i for i in stored if i not in current and i.rpartition("#")[0] in sources]
+    stale = []
+    for chunk_id in stored:
+        if chunk_id in current:
+            continue
+        source = chunk_id.rpartition("#")[0]
+        if source in sources or owned(source):
+            stale.append(chunk_id)
+    return stale
 
 
 def is_milvus_target(into: str | os.PathLike[str]) -> bool:
