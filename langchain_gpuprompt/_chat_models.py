@@ -141,8 +141,9 @@ class ChatGPUPrompt(BaseChatModel):
 
         Everything above works the same (streaming, async, batch, tools, structured output) with
         the same typed errors: a busy server raises ``QueueFullError`` (``retry_after`` set), a
-        dead engine ``EngineDeadError``. ``backend``, ``device``, ``engine_kwargs`` and
-        ``truncate='left'`` configure a local engine and are refused with ``base_url``.
+        dead engine ``EngineDeadError``. ``backend``, ``device`` and ``engine_kwargs`` configure a
+        local engine and are refused with ``base_url``; ``truncate='left'`` travels with each request
+        (the server drops the oldest turns, as in process).
     """
 
     model: str | None = None
@@ -203,7 +204,7 @@ class ChatGPUPrompt(BaseChatModel):
             timeout=self.timeout,
             owner="ChatGPUPrompt",
             local_options={"backend": (self.backend, "auto"), "device": (self.device, "auto"),
-                           "engine_kwargs": (self.engine_kwargs, {}), "truncate": (self.truncate, "error")},
+                           "engine_kwargs": (self.engine_kwargs, {})},
         )
         if self._runtime.remote:
             config = self._runtime.config

@@ -193,8 +193,9 @@ class GPUPromptLLM(StructuredOutputMixin, FunctionCallingLLM):
     a running ``gpuprompt serve``, batched there with every other worker's; this process imports no
     torch and loads no model. Everything above works the same, with the same typed errors (a busy
     server raises ``QueueFullError`` with ``retry_after``). ``backend``, ``device``,
-    ``engine_options``, ``engine`` and ``truncate='left'`` configure a local engine and are refused
-    with it; ``metadata.context_window`` reports the served model's window (from the server's model
+    ``engine_options`` and ``engine`` configure a local engine and are refused with it
+    (``truncate='left'`` travels with each request: the server drops the oldest turns, as in
+    process); ``metadata.context_window`` reports the served model's window (from the server's model
     list), at most ``max_model_len``.
 
     Args:
@@ -278,8 +279,7 @@ class GPUPromptLLM(StructuredOutputMixin, FunctionCallingLLM):
             timeout=self.timeout,
             owner="GPUPromptLLM",
             local_options={"backend": (self.backend, "auto"), "device": (self.device, "auto"),
-                           "engine_options": (self.engine_options, {}), "engine": (engine, None),
-                           "truncate": (self.truncate, "error")},
+                           "engine_options": (self.engine_options, {}), "engine": (engine, None)},
         )
         if self._runtime.remote:
             self.base_url, self.api_key = self._runtime.config.base_url, self._runtime.config.api_key

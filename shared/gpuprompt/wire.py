@@ -313,22 +313,14 @@ def request_body(request: GenerationRequest, model: str | None = None) -> tuple[
     the engine in process (``/chat/completions`` for messages, ``/completions`` for a prompt).
 
     Every field that changes the output is sent; the server honours it or refuses it (400 naming
-    it, raised by the client as the typed error). ``truncate="left"`` cannot be sent (the server fits
-    prompts with ``"error"`` only) and is refused here.
-
-    Raises:
-        UnsupportedFeatureError: ``truncate="left"``.
+    it, raised by the client as the typed error). ``truncate="left"`` travels as gpuprompt's
+    ``truncate`` extension field (the server drops the oldest turns as the engine does in process;
+    a vLLM server ignores the field and refuses a prompt that does not fit).
     """
-    if request.truncate != "error":
-        raise UnsupportedFeatureError(
-            f"'truncate' must be 'error' in remote mode (got {request.truncate!r}): gpuprompt serve refuses a prompt "
-            "that does not fit (ContextLengthError) and drops no turns itself; trim the history before sending, or "
-            "run in process for truncate='left'.",
-            field="truncate",
-            backend="remote",
-        )
     body: dict[str, Any] = {"max_tokens": request.max_tokens, "stream": True,
                             "stream_options": {"include_usage": True}}
+    if request.truncate != "error":
+        body["truncate"] = request.truncate
     if model is not None:
         body["model"] = model
     if request.messages is not None:

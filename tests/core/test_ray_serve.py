@@ -44,6 +44,12 @@ def test_build_app_checks_options_before_any_replica_starts() -> None:
         build_app(max_ongoing_requests=0)
     with pytest.raises(ConfigurationError, match="unknown 'llm' option"):
         build_app(llm={"backend": "transformers", "bogus": 1})
+    with pytest.raises(ConfigurationError, match="base_url"):
+        build_app(llm="router:8000/v1")
+    with pytest.raises(ConfigurationError, match="api_key"):
+        build_app(llm="http://router:8000/v1", llm_api_key="two words")
+    with pytest.raises(ConfigurationError, match="llm_model"):
+        build_app(llm="http://router:8000/v1", llm_model="")
     app = build_app(llm=LLM)
     deployment = app._bound_deployment  # what serve.run deploys
     assert deployment._deployment_config.max_ongoing_requests == DEFAULT_MAX_ONGOING_REQUESTS == 256

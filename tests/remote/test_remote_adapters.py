@@ -159,7 +159,7 @@ def test_lc_remote_configuration(live, monkeypatch) -> None:
                 {"model_kwargs": {"device": "cpu"}}, {"encode_kwargs": {"batch_size": 8}}):
         with pytest.raises(ConfigurationError, match="in-process option"):
             GPUPromptEmbeddings(base_url=live.url, **bad)
-    for bad in ({"backend": "vllm"}, {"engine_kwargs": {"dtype": "float32"}}, {"truncate": "left"}):
+    for bad in ({"backend": "vllm"}, {"engine_kwargs": {"dtype": "float32"}}):
         with pytest.raises(ConfigurationError, match="in-process option"):
             ChatGPUPrompt(base_url=live.url, **bad)
     with pytest.raises(ConfigurationError, match="api_key"):
@@ -243,7 +243,7 @@ def test_li_remote_configuration(live, monkeypatch) -> None:
     for bad in ({"device": "cpu"}, {"quantize": "int8"}, {"embedder_options": {"cache_size": 0}}, {"normalize": False}):
         with pytest.raises(ConfigurationError, match="in-process option"):
             GPUPromptEmbedding(base_url=live.url, **bad)
-    for bad in ({"backend": "transformers"}, {"engine_options": {"dtype": "float32"}}, {"truncate": "left"}):
+    for bad in ({"backend": "transformers"}, {"engine_options": {"dtype": "float32"}}):
         with pytest.raises(ConfigurationError, match="in-process option"):
             GPUPromptLLM(base_url=live.url, **bad)
     assert "api_key" not in GPUPromptLLM(base_url=live.url, api_key="k").to_dict()

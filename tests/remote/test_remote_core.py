@@ -235,10 +235,28 @@ def test_refused_fields_come_back_typed(live) -> None:
     with pytest.raises(ContextLengthError) as too_long:
         remote.generate([_chat("word " * 5000, max_tokens=2)])
     assert too_long.value.prompt_tokens > too_long.value.max_context > 0
-    with pytest.raises(UnsupportedFeatureError, match="truncate"):
-        remote.generate([_chat("Hi", truncate="left")])
     with pytest.raises(InvalidInputError):  # the server takes at most 16 stop strings
         remote.generate([_chat("Hi", stop=[f"s{i}" for i in range(20)], max_tokens=2)])
+
+
+def test_truncate_left_drops_the_oldest_turns_on_the_server_as_in_process(live, remote_llm_engine) -> None:
+    """``truncate="left"`` travels as the request's ``truncate`` field (a RAGPipeline over a RemoteLLM
+    sends it): the server drops the same turns the engine drops in process."""
+    window = remote_llm_engine.context_window
+    turns: list[dict[str, str]] = []
+    for i in range(window // 150 + 2):
+        turns += [{"role": "user", "content": f"Turn {i}: " + "word " * 200}, {"role": "assistant", "content": "ok"}]
+    messages = [{"role": "system", "content": "Be brief."}, *turns, {"role": "user", "content": "Name a color."}]
+
+    def ask(**options) -> GenerationRequest:
+        return GenerationRequest(messages=messages, max_tokens=4, temperature=0.0, **options)
+
+    remote = RemoteLLM(live.url)
+    with pytest.raises(ContextLengthError):
+        remote.generate([ask()])
+    [far] = remote.generate([ask(truncate="left")])
+    [near] = remote_llm_engine.generate([ask(truncate="left")])
+    assert far.text == near.text and far.usage.prompt_tokens == near.usage.prompt_tokens <= window - 4
 
 
 def test_wrong_api_key_is_an_engine_error_naming_the_key(live_keyed) -> None:

@@ -99,6 +99,7 @@ def test_streaming_sends_the_same_text_with_echo_and_usage(openai_client, server
         ({"prompt": PROMPT, "logit_bias": {"abc": 1}}, "logit_bias", "token ids"),
         ({"prompt": PROMPT, "logit_bias": {"12": 101}}, "logit_bias", "'logit_bias"),
         ({"prompt": "word " * 5000}, "prompt", "context"),
+        ({"prompt": PROMPT, "extra_body": {"ignore_eos": True}}, "ignore_eos", "vLLM sampling field"),
     ],
 )
 def test_refused_fields_are_400_naming_the_field(openai_client, options, param, fragment) -> None:

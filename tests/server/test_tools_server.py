@@ -226,10 +226,24 @@ def test_sampling_fields_are_honoured_or_refused_naming_the_field(openai_client,
 
 
 def test_default_sampling_values_are_always_accepted(openai_client) -> None:
-    # What Dify sends with its sliders untouched.
+    # What Dify sends with its sliders untouched, and vLLM's fields at the values that ask for nothing.
     response = _call(openai_client, max_tokens=2, presence_penalty=0, frequency_penalty=0,
-                     extra_body={"top_k": 0, "min_p": 0, "repetition_penalty": 1})
+                     extra_body={"top_k": 0, "min_p": 0, "repetition_penalty": 1, "ignore_eos": False,
+                                 "min_tokens": 0, "skip_special_tokens": True, "stop_token_ids": [],
+                                 "add_generation_prompt": True, "truncate_prompt_tokens": None})
     assert response.choices[0].finish_reason in ("stop", "length")
+
+
+def test_vllm_structured_outputs_constrain_as_the_guided_fields(openai_client) -> None:
+    """vLLM 0.10+ spells guided decoding ``structured_outputs``: the same constraint as ``guided_*``."""
+    for new, old in (({"choice": ["red", "blue"]}, {"guided_choice": ["red", "blue"]}),
+                     ({"regex": "[0-9]{3}"}, {"guided_regex": "[0-9]{3}"}),
+                     ({"json": json.dumps(WEATHER["function"]["parameters"])},
+                      {"guided_json": WEATHER["function"]["parameters"]})):
+        spelled = _call(openai_client, extra_body={"structured_outputs": new})
+        guided = _call(openai_client, extra_body=old)
+        assert spelled.choices[0].message.content == guided.choices[0].message.content
+    assert spelled.choices[0].message.content and json.loads(spelled.choices[0].message.content) is not None
 
 
 @pytest.mark.parametrize(
@@ -249,6 +263,16 @@ def test_default_sampling_values_are_always_accepted(openai_client) -> None:
         ({"top_k": -2}, "top_k", "'top_k'"),
         ({"repetition_penalty": 0}, "repetition_penalty", "repetition_penalty"),
         ({"guided_regex": "a+", "guided_choice": ["a"]}, "guided_choice", "at most one"),
+        # vLLM's own fields that change the output: refused, not ignored (a `vllm bench serve
+        # --ignore-eos` run would otherwise measure short replies)
+        ({"ignore_eos": True}, "ignore_eos", "vLLM sampling field"),
+        ({"min_tokens": 8}, "min_tokens", "vLLM sampling field"),
+        ({"continue_final_message": True}, "continue_final_message", "vLLM sampling field"),
+        ({"bad_words": ["no"]}, "bad_words", "vLLM sampling field"),
+        ({"structured_outputs": {"grammar": "root ::= 'a'"}}, "structured_outputs.grammar", "Extra inputs"),
+        ({"structured_outputs": {"choice": ["a"], "regex": "b"}}, "structured_outputs", "exactly one"),
+        ({"structured_outputs": {"json": "[1"}}, "structured_outputs.json", "JSON schema"),
+        ({"structured_outputs": {"choice": ["a"]}, "guided_regex": "a"}, "structured_outputs", "guided_regex"),
     ],
 )
 def test_bad_tool_and_sampling_requests_are_400_naming_the_field(http, payload, param, fragment) -> None:

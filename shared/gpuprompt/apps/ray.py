@@ -29,7 +29,8 @@ from typing import TYPE_CHECKING, Any
 
 from gpuprompt.errors import ConfigurationError, DependencyError, describe
 from gpuprompt.llm._types import MAX_TOKENS_LIMIT
-from gpuprompt.validation import check_int, check_number, check_str, fail
+from gpuprompt.remote import RemoteConfig, RemoteLLM
+from gpuprompt.validation import check_int, check_str, fail
 
 if TYPE_CHECKING:
     from gpuprompt.embed import EmbedderConfig
@@ -39,95 +40,6 @@ __all__ = ["DEFAULT_MAX_ONGOING_REQUESTS", "RAGDeployment", "RemoteLLM", "build_
 
 DEFAULT_MAX_ONGOING_REQUESTS = 256
 """Requests one replica takes at once: enough for the batchers to form full batches."""
-
-
-class RemoteLLM:
-    """The generation step over an OpenAI-compatible server: a vLLM fleet behind a router, or
-    ``gpuprompt serve``. Has the one method :class:`~gpuprompt.RAGPipeline` calls, ``agenerate``.
-
-    The request's messages, ``max_tokens``, ``temperature``, ``top_p``, ``stop`` and ``seed`` are
-    sent to ``POST {base_url}/chat/completions``; the fleet does its own batching and truncation.
-    HTTP errors map into the core's tree as in :func:`gpuprompt.remote.error_from_status` (400 ->
-    ``InvalidInputError`` or ``ContextLengthError``, 429 -> ``QueueFullError`` with ``retry_after``,
-    a dead server -> ``EngineDeadError``, ...).
-
-    Args:
-        base_url: the API root, for example ``"http://router:8000/v1"``.
-        model: the ``model`` field to send; None sends none (the server's one model).
-        api_key: sent as ``Authorization: Bearer``; None sends none.
-        timeout_s: per-request timeout.
-    """
-
-    def __init__(self, base_url: str, *, model: str | None = None, api_key: str | None = None,
-                 timeout_s: float = 300.0) -> None:
-        check_str(base_url, "base_url", allow_empty=False, error=ConfigurationError)
-        if not base_url.startswith(("http://", "https://")):
-            raise ConfigurationError(f"'base_url' must start with http:// or https:// (got {base_url!r}).")
-        check_str(model, "model", allow_none=True, allow_empty=False, error=ConfigurationError)
-        check_str(api_key, "api_key", allow_none=True, allow_empty=False, error=ConfigurationError)
-        self.base_url = base_url.rstrip("/")
-        self.model = model
-        self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        self._timeout_s = check_number(timeout_s, "timeout_s", min=0.001, max=86_400, error=ConfigurationError)
-        self._client: Any = None
-
-    def __repr__(self) -> str:
-        return f"<RemoteLLM {self.base_url!r} model={self.model!r}>"
-
-    async def agenerate(self, request: Any) -> Any:
-        """Generate one reply remotely (a :class:`~gpuprompt.llm.GenerationRequest` with ``messages``)."""
-        import time
-
-        import httpx
-
-        from gpuprompt.errors import EngineError, InvalidInputError
-        from gpuprompt.llm import GenerationResult, Timings, Usage
-        from gpuprompt.wire import error_from_status
-
-        if request.messages is None:
-            raise InvalidInputError("RemoteLLM sends chat messages only; pass 'messages', not 'prompt'.")
-        body: dict[str, Any] = {
-            "messages": [dict(m) for m in request.messages],
-            "max_tokens": request.max_tokens,
-            "temperature": request.temperature,
-            "top_p": request.top_p,
-        }
-        if self.model is not None:
-            body["model"] = self.model
-        if request.stop:
-            body["stop"] = list(request.stop)
-        if request.seed is not None:
-            body["seed"] = request.seed
-        if self._client is None:  # made on the loop that first uses it (the replica's)
-            self._client = httpx.AsyncClient(timeout=self._timeout_s, headers=self._headers,
-                                             limits=httpx.Limits(max_connections=1024))
-        started = time.perf_counter()
-        try:
-            reply = await self._client.post(f"{self.base_url}/chat/completions", json=body)
-        except httpx.HTTPError as exc:
-            raise EngineError(f"the LLM server at {self.base_url} failed: {type(exc).__name__}: {exc}") from exc
-        elapsed = time.perf_counter() - started
-        if reply.status_code != 200:
-            raise error_from_status(reply.status_code, reply.content, reply.headers, self.base_url)
-        data = reply.json()
-        choice = data["choices"][0]
-        usage = data.get("usage") or {}
-        return GenerationResult(
-            text=choice["message"].get("content") or "",
-            finish_reason=choice.get("finish_reason") or "stop",
-            usage=Usage(prompt_tokens=int(usage.get("prompt_tokens", 0)),
-                        completion_tokens=int(usage.get("completion_tokens", 0)),
-                        total_tokens=int(usage.get("total_tokens", 0))),
-            timings=Timings(queued_s=0.0, ttft_s=elapsed, total_s=elapsed),
-            model=str(data.get("model") or self.model or ""),
-            request_id=str(data.get("id") or request.request_id or ""),
-        )
-
-    async def aclose(self) -> None:
-        """Close the HTTP connections."""
-        client, self._client = self._client, None
-        if client is not None:
-            await client.aclose()
 
 
 class RAGDeployment:
@@ -144,7 +56,7 @@ class RAGDeployment:
             an empty index.
         embedder: :class:`~gpuprompt.EmbedderConfig` fields.
         llm: :class:`~gpuprompt.llm.LLMConfig` fields (an in-replica engine), or
-            ``{"remote": base_url, "model": ..., "api_key": ...}`` (:class:`RemoteLLM`).
+            ``{"remote": base_url, "model": ..., "api_key": ...}`` (:class:`gpuprompt.remote.RemoteLLM`).
         pipeline: :class:`~gpuprompt.RAGPipeline` keyword options (``k``, ``max_tokens``, ...).
     """
 
@@ -160,7 +72,7 @@ class RAGDeployment:
         self.embedder = runtime.embedder(model, **emb_options).load()
         llm_options = dict(llm)
         if "remote" in llm_options:
-            self.llm: Any = RemoteLLM(llm_options.pop("remote"), **llm_options)
+            self.llm: Any = RemoteLLM(llm_options.pop("remote"), **llm_options)  # connects at the first answer
         else:
             self.llm = runtime.llm(llm_options.pop("model", None), **llm_options).load()
         if index_path is None:
@@ -267,7 +179,9 @@ def build_app(
         llm: the in-replica engine's :class:`~gpuprompt.llm.LLMConfig` or its fields (default:
             the bundled SmolLM2, backend ``"auto"``), or the URL of a remote OpenAI-compatible
             fleet (``"http://router:8000/v1"``: vLLM servers behind a router, or ``gpuprompt
-            serve``), called through :class:`RemoteLLM`; then replicas load no LLM.
+            serve``), called through :class:`gpuprompt.remote.RemoteLLM` (retries a 429, sends the
+            session as ``X-Session-ID`` so a fleet's router keeps it on one replica); then replicas
+            load no LLM.
         llm_model: with a URL, the ``model`` to ask for (None: the server's one model).
         llm_api_key: with a URL, the bearer token (travels to the replicas in the deployment's
             arguments).
@@ -298,7 +212,9 @@ def build_app(
     from gpuprompt.llm import LLMConfig
 
     if isinstance(llm, str):
-        RemoteLLM(llm, model=llm_model, api_key=llm_api_key)  # checks the options here, not in a replica
+        RemoteConfig(base_url=llm, api_key=llm_api_key)  # checks the options here, not in a replica
+        if llm_model is not None and (not isinstance(llm_model, str) or not llm_model):
+            raise fail("llm_model", "a non-empty str or None", llm_model, error=ConfigurationError)
         llm_fields: dict[str, Any] = {"remote": llm, "model": llm_model, "api_key": llm_api_key}
     else:
         if llm_model is not None or llm_api_key is not None:

@@ -9,6 +9,7 @@ carries ``id``, ``type`` and ``function.name``; later ones only ``function.argum
 from __future__ import annotations
 
 import contextlib
+import json
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -45,6 +46,16 @@ _SEED_SPAN = 2**64  # per-choice seeds (seed + i) wrap around inside the int64 r
 
 def _unsupported(param: str, message: str) -> ApiError:
     return ApiError(400, message, param=param, code="unsupported_parameter")
+
+
+def _refuse_vllm_fields(body: Any) -> None:
+    """A 400 naming the first of vLLM's output-changing fields this server does not run, if sent."""
+    refused = body.refused_vllm_field()
+    if refused is not None:
+        name, value = refused
+        shown = json.dumps(value, ensure_ascii=True)[:80]
+        raise _unsupported(name, f"'{name}' is a vLLM sampling field this server does not run (got {shown}); "
+                           "leave it out or send its default, or send the request to a vLLM server.")
 
 
 def _seed(seed: int | None, index: int) -> int | None:
@@ -85,6 +96,7 @@ def chat_request(
     if body.top_logprobs is not None:
         raise _unsupported("top_logprobs", "'top_logprobs' must be absent: this server does not return "
                            f"log-probabilities (got {body.top_logprobs}).")
+    _refuse_vllm_fields(body)
     if body.functions is not None or body.function_call is not None:
         field = "functions" if body.functions is not None else "function_call"
         raise _unsupported(field, f"'{field}' is OpenAI's deprecated tool interface; send 'tools' and 'tool_choice' "
@@ -128,6 +140,7 @@ def completion_requests(
             param="prompt",
             code="invalid_value",
         )
+    _refuse_vllm_fields(body)
     if body.n != 1:
         raise _unsupported("n", f"'n' must be 1 (got {body.n}); for several continuations send the prompt several "
                            "times in a list.")

@@ -2,7 +2,8 @@
 
 Every field that changes the output is either passed to the core or refused with a 400 naming it;
 only fields that change nothing here (``user``, ``metadata``, ``store``, ...) are accepted and
-ignored. Unknown fields are ignored, as vLLM's server does (builders send vendor extras).
+ignored. Unknown fields are ignored, as vLLM's server does (builders send vendor extras), except
+vLLM's own output-changing fields this server does not run, refused unless they carry their default.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from __future__ import annotations
 import json
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, Field, StrictBool, field_validator, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, field_validator, model_validator
 
 from gpuprompt.server.schemas.base import (
     MAX_STOP,
@@ -78,6 +79,31 @@ class JSONSchemaSpec(_OpenAIRequest):
     strict: StrictBool | None = None
 
 
+class StructuredOutputs(_OpenAIRequest):
+    """vLLM's ``structured_outputs`` (0.10+; the ``guided_*`` fields are its older spelling)."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, populate_by_name=True)  # grammar etc.: refused
+    schema_: JSONObject | Text | None = Field(None, alias="json")
+    """``json``: a JSON schema (an object, or its JSON text) the output must match."""
+    regex: Annotated[Text, Field(min_length=1, max_length=65536)] | None = None
+    """A regular expression the output must match."""
+    choice: list[Annotated[Text, Field(min_length=1)]] | None = Field(None, min_length=1, max_length=1024)
+    """The output is exactly one of these strings."""
+
+    @field_validator("schema_")
+    @classmethod
+    def _schema_object(cls, value: Any) -> Any:
+        if value is None or isinstance(value, dict):
+            return value
+        try:
+            parsed = json.loads(value)
+        except ValueError as exc:
+            raise ValueError(f"must be a JSON schema, as an object or its JSON text ({exc})") from None
+        if not isinstance(parsed, dict):
+            raise ValueError("must be a JSON schema object")
+        return parsed
+
+
 class ResponseFormat(_OpenAIRequest):
     """``{"type": "text" | "json_object" | "json_schema", "json_schema": {...}}``."""
 
@@ -97,8 +123,41 @@ class ResponseFormat(_OpenAIRequest):
         return self.model_dump(by_alias=True, exclude_none=True)
 
 
+_VLLM_OFF: dict[str, tuple[Any, ...]] = {
+    "ignore_eos": (False,),
+    "min_tokens": (0,),
+    "include_stop_str_in_output": (False,),
+    "skip_special_tokens": (True,),
+    "spaces_between_special_tokens": (True,),
+    "stop_token_ids": ([],),
+    "bad_words": ([],),
+    "allowed_token_ids": (),
+    "truncate_prompt_tokens": (),
+    "prompt_logprobs": (),
+    "use_beam_search": (False,),
+    "length_penalty": (1, 1.0),
+    "guided_grammar": (),
+    "guided_whitespace_pattern": (),
+    "structural_tag": (),
+    "logits_processors": ([],),
+    "return_tokens_as_token_ids": (False,),
+    "continue_final_message": (False,),
+    "add_generation_prompt": (True,),
+    "chat_template": (),
+    "chat_template_kwargs": ({},),
+    "documents": ([],),
+    "vllm_xargs": ({},),
+}
+"""vLLM's own request fields that change the output and that this server does not run, each with the
+values that ask for nothing (``null`` always does). Sent with another value, the field is refused
+(400 naming it) rather than ignored: a ``vllm bench serve --ignore-eos`` run or a ``min_tokens``
+would otherwise silently measure or get something else."""
+
+
 class _Sampling(_OpenAIRequest):
     """Sampling fields shared by chat and text completions (each reaches the core or is refused)."""
+
+    model_config = ConfigDict(extra="allow", allow_inf_nan=False)  # extras are read for vLLM's fields only
 
     temperature: Temperature = 1.0
     """0 for greedy decoding."""
@@ -128,8 +187,16 @@ class _Sampling(_OpenAIRequest):
     """vLLM extension: a regular expression the output must match."""
     guided_choice: list[Annotated[Text, Field(min_length=1)]] | None = Field(None, min_length=1, max_length=1024)
     """vLLM extension: the output is exactly one of these strings."""
+    structured_outputs: StructuredOutputs | None = None
+    """vLLM's current spelling of the three above: ``{"json": schema}``, ``{"regex": ...}`` or
+    ``{"choice": [...]}`` (``grammar`` and ``structural_tag`` are refused)."""
     priority: Priority = 0
     """gpuprompt / vLLM extension: lower is served first when the engine is busy."""
+    truncate: Literal["error", "left"] = "error"
+    """gpuprompt extension: ``"error"`` refuses a prompt that does not fit the window (400,
+    ``context_length_exceeded``); ``"left"`` drops the oldest turns until the prompt leaves room for
+    ``max_tokens`` (the system messages and the last user turn are kept; a text prompt loses its
+    first tokens), as the in-process engine's ``truncate="left"``."""
     user: Text | None = None
     """Ignored (an end-user id for abuse monitoring)."""
     metadata: JSONObject | None = None
@@ -162,6 +229,15 @@ class _Sampling(_OpenAIRequest):
                 )
         return value
 
+    def refused_vllm_field(self) -> tuple[str, Any] | None:
+        """The first of vLLM's fields this server does not run (:data:`_VLLM_OFF`) that the request
+        sent with a value asking for something, as ``(name, value)``; None when there is none."""
+        for name, value in (self.model_extra or {}).items():
+            if name in _VLLM_OFF and value is not None and not any(
+                    type(value) is type(off) and value == off for off in _VLLM_OFF[name]):
+                return name, value
+        return None
+
     def sampling_options(self) -> dict[str, Any]:
         """The :class:`~gpuprompt.llm.GenerationRequest` keywords of these fields (seed excluded)."""
         guided: dict[str, Any] = {}
@@ -181,6 +257,8 @@ class _Sampling(_OpenAIRequest):
             "priority": self.priority,
             **guided,
         }
+        if self.truncate != "error":
+            options["truncate"] = self.truncate
         # Only non-default values are passed: a backend refuses (400) what it cannot honour, and a
         # default value asks for nothing, so a client that always sends the defaults (Dify) works.
         if self.top_k not in (0, -1):
@@ -195,6 +273,19 @@ class _Sampling(_OpenAIRequest):
 
     @model_validator(mode="after")
     def _one_constraint(self) -> _Sampling:
+        if self.structured_outputs is not None:  # vLLM's current spelling, read as the guided_* fields
+            spelled = self.structured_outputs
+            given_new = [k for k, v in (("json", spelled.schema_), ("regex", spelled.regex),
+                                         ("choice", spelled.choice)) if v is not None]
+            if len(given_new) != 1:
+                raise ValueError("'structured_outputs' must hold exactly one of 'json', 'regex' or 'choice' (got "
+                                 f"{given_new or 'none'})")
+            clash = [k for k in ("guided_json", "guided_regex", "guided_choice") if getattr(self, k) is not None]
+            if clash:
+                raise ValueError(f"'structured_outputs' cannot be combined with '{clash[0]}': give one output constraint")
+            self.guided_json = spelled.schema_
+            self.guided_regex, self.guided_choice = spelled.regex, spelled.choice
+            self.structured_outputs = None
         given = [k for k in ("guided_json", "guided_regex", "guided_choice") if getattr(self, k) is not None]
         if self.response_format is not None and self.response_format.type != "text":
             given.insert(0, "response_format")
