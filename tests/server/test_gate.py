@@ -107,6 +107,9 @@ def test_over_max_in_flight_is_429_with_retry_after(guarded) -> None:
             assert refused.status_code == 429
             assert refused.headers["retry-after"] == "7"
             assert refused.json()["error"]["type"] == "rate_limit_error"
+            # The unversioned routes TEI, vLLM and Cohere clients call are model requests too.
+            for path in ("/rerank", "/v2/rerank", "/score", "/tokenize"):
+                assert other.post(path, json={}, headers=_auth()).status_code == 429, path
             # Reads are not model requests: they are still served.
             assert other.get("/v1/models", headers=_auth()).status_code == 200
         # Closing the stream frees the slot (the server notices the disconnect).

@@ -32,7 +32,7 @@ class ServerConfig:
         api_key: the key clients must send (``Authorization: Bearer KEY``, or an ``api-key`` /
             ``x-api-key`` header); None (and no ``$GPUPROMPT_API_KEY``) serves without auth.
         max_body_bytes: the largest request body accepted; larger gets 413.
-        max_in_flight: most model requests (``POST /v1/...``) served at once; more get 429 with
+        max_in_flight: most model requests (every ``POST``) served at once; more get 429 with
             ``Retry-After`` (the core's own bounded queues also answer 429 when full).
         retry_after_s: the ``Retry-After`` seconds sent with 429.
         embedding_model: the embedder to load (None: the bundled all-MiniLM-L6-v2).

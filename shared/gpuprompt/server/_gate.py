@@ -37,7 +37,8 @@ class Gate:
         app: the wrapped ASGI app.
         api_key: the required key, or None for no auth.
         max_body_bytes: the largest body accepted.
-        max_in_flight: most concurrent ``POST /v1/...`` requests.
+        max_in_flight: most concurrent ``POST`` requests (every model route, ``/v1/...`` and the
+            unversioned ``/rerank``, ``/v2/rerank``, ``/score``, ``/tokenize``, ``/detokenize``).
         retry_after_s: the ``Retry-After`` of a 429.
         metrics: where HTTP counters go.
     """
@@ -99,7 +100,7 @@ class Gate:
             if body is None:
                 return
             receive = _replay(body, receive)
-        if scope["method"] == "POST" and path.startswith("/v1/"):
+        if scope["method"] == "POST":  # every model route, /v1/... and the unversioned ones (/rerank, /score, ...)
             if self.in_flight >= self.max_in_flight:
                 self.metrics.rejected.labels("overloaded").inc()
                 await _reply(
