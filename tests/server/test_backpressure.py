@@ -141,7 +141,9 @@ def test_a_rerank_client_that_goes_away_takes_its_pairs_out_of_the_queue(embedde
     reranker = Reranker(cross_encoder_path, device="cpu", batch_size=2, cache_size=0).load()
     server = start_server(embedder=embedder, llm=server_llm, reranker=reranker)
     try:
-        documents = [f"{i}: {p}" for i, p in enumerate(prose_paragraphs()[:200])]
+        # 1,000 pairs two at a time take seconds: far longer than the 0.3 s the client waits, even when
+        # the server is slow to notice the disconnect on a busy machine (200 pairs were not always).
+        documents = [f"{i}: {p}" for i, p in enumerate(prose_paragraphs()[:250] * 4)]
         with server.client(timeout=httpx.Timeout(30.0, read=0.3)) as http:
             with pytest.raises(httpx.ReadTimeout):
                 http.post("/v1/rerank", json={"query": "How is an assignment evaluated?", "documents": documents})
