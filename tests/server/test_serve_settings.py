@@ -177,3 +177,52 @@ def test_a_refused_start_is_one_line_and_exit_2(tmp_path, argv, said) -> None:
     assert done.returncode == 2, done.stderr[-3000:]
     assert "gpuprompt serve: " in done.stderr and said in done.stderr
     assert "Traceback" not in done.stderr
+
+
+async def test_served_model_names_replace_the_ids_everywhere(embedder, server_llm, reranker) -> None:
+    """``--served-model-name`` and its embedding / rerank twins, as vLLM, infinity and TEI have them: the
+    names are what /v1/models, /health and every response say, and what a request's ``model`` must be
+    (a reranker loaded from a folder is otherwise listed under the folder's path)."""
+    from support.asgi import InProcessServer
+
+    from gpuprompt.server import create_app
+
+    settings = load_settings(**_given(["--served-model-name", "smol", "--served-embedding-model-name", "minilm",
+                                       "--served-rerank-model-name", "bge-reranker-base"]))
+    names = {k: v for k, v in settings.serve_options().items() if k.startswith("served_")}
+    assert names == {"served_model_name": "smol", "served_embedding_model_name": "minilm",
+                     "served_rerank_model_name": "bge-reranker-base"}
+    server = InProcessServer(create_app(embedder=embedder, llm=server_llm, reranker=reranker, **names)).start()
+    chat = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}
+    try:
+        async with server.client() as http:
+            assert [card["id"] for card in (await http.get("/v1/models")).json()["data"]] == [
+                "smol", "minilm", "bge-reranker-base"]
+            health = (await http.get("/health")).json()
+            assert (health["chat_model"], health["embedding_model"], health["rerank_model"]) == (
+                "smol", "minilm", "bge-reranker-base")
+            replies = {
+                "chat": await http.post("/v1/chat/completions", json={**chat, "model": "smol"}),
+                "stream": await http.post("/v1/chat/completions", json={**chat, "model": "smol", "stream": True}),
+                "embed": await http.post("/v1/embeddings", json={"input": "x", "model": "minilm"}),
+                "rerank": await http.post("/v1/rerank", json={"query": "q", "documents": ["a"],
+                                                              "model": "bge-reranker-base"}),
+                "score": await http.post("/score", json={"text_1": "q", "text_2": "a", "model": "bge-reranker-base"}),
+            }
+            for kind, reply in replies.items():
+                assert reply.status_code == 200, (kind, reply.text)
+            assert replies["chat"].json()["model"] == "smol" and '"model":"smol"' in replies["stream"].text
+            assert replies["embed"].json()["model"] == "minilm"
+            assert replies["rerank"].json()["model"] == replies["score"].json()["model"] == "bge-reranker-base"
+            for path, body in (("/v1/chat/completions", {**chat, "model": server_llm.model_name}),
+                               ("/v1/embeddings", {"input": "x", "model": embedder.model_id}),
+                               ("/v1/rerank", {"query": "q", "documents": ["a"], "model": reranker.model_id})):
+                refused = await http.post(path, json=body)  # the id is no longer the public name
+                assert refused.status_code == 404 and refused.json()["error"]["param"] == "model", path
+    finally:
+        server.stop()
+    with pytest.raises(ConfigurationError, match="must differ"):
+        create_app(embedder=embedder, llm=server_llm, served_model_name="x", served_embedding_model_name="x",
+                   preload=False)
+    with pytest.raises(ConfigurationError, match="'served_rerank_model_name'"):
+        create_app(embedder=embedder, llm=server_llm, served_rerank_model_name=" padded", preload=False)

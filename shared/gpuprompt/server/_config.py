@@ -24,6 +24,11 @@ def _int(name: str, value: Any, minimum: int) -> None:
         raise ConfigurationError(f"'{name}' must be an int >= {minimum} (got {describe(value)}).")
 
 
+SERVED_NAMES = {"chat": "served_model_name", "embedding": "served_embedding_model_name",
+                "rerank": "served_rerank_model_name"}
+"""Each served model's kind -> the :class:`ServerConfig` field naming it publicly."""
+
+
 @dataclass(frozen=True, kw_only=True)
 class ServerConfig:
     """Everything that shapes one server app.
@@ -62,8 +67,15 @@ class ServerConfig:
         rag_fetch_k: candidates a collection chat retrieves before reranking down to ``rag_k``
             (with a ``rerank_model``; None: ``4 * rag_k``, at least 20).
         strict_model_names: refuse (404) a ``model`` field that does not name the endpoint's own
-            served model (its full id or last path segment); False serves any name with the
-            loaded models (for tools with a fixed model name).
+            served model (its served name, else its full id or last path segment); False serves any
+            name with the loaded models (for tools with a fixed model name).
+        served_model_name: the chat model's public id in ``/v1/models``, ``/health``, every
+            response's ``model`` and the ``model`` a request must name (vLLM's
+            ``--served-model-name``); None: its id (``chat_model``, a hub id or a folder path).
+        served_embedding_model_name: the same for the embedding model.
+        served_rerank_model_name: the same for the rerank model (infinity's and TEI's
+            ``--served-model-name``): a reranker loaded from a local folder is otherwise listed
+            under the folder's path.
         preload: load both models at start-up, before the port opens, so the first request is
             not slow.
         max_collections: most collections held at once; creating one more is refused (409,
@@ -117,6 +129,9 @@ class ServerConfig:
     rerank_backend: Literal["torch", "onnx"] = "torch"
     rag_fetch_k: int | None = None
     strict_model_names: bool = True
+    served_model_name: str | None = None
+    served_embedding_model_name: str | None = None
+    served_rerank_model_name: str | None = None
     preload: bool = True
     max_collections: int = 64
     max_collection_records: int = 1_000_000
@@ -213,6 +228,18 @@ class ServerConfig:
         if ttl is not None and (isinstance(ttl, bool) or not isinstance(ttl, (int, float)) or not ttl > 0
                                 or ttl == float("inf")):
             raise ConfigurationError(f"'session_ttl_s' must be None or a finite number > 0 (got {describe(ttl)}).")
+        for name in SERVED_NAMES.values():
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, str) or not value or not value.isprintable()
+                                      or value != value.strip() or len(value) > 256):
+                raise ConfigurationError(
+                    f"'{name}' must be None or a printable str of 1 to 256 characters without surrounding spaces "
+                    f"(got {describe(value)})."
+                )
+        names = [getattr(self, name) for name in SERVED_NAMES.values() if getattr(self, name) is not None]
+        if len(names) != len(set(names)):
+            raise ConfigurationError(f"the served model names must differ from each other (got {names}): a "
+                                     "request's 'model' picks the model by its name.")
         for name in ("embedding_model", "chat_model"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, str) or not value):

@@ -38,6 +38,9 @@ def serve(
     rerank_backend: Literal["torch", "onnx"] = "torch",
     rag_fetch_k: int | None = None,
     strict_model_names: bool = True,
+    served_model_name: str | None = None,
+    served_embedding_model_name: str | None = None,
+    served_rerank_model_name: str | None = None,
     max_collections: int = ServerConfig.max_collections,
     max_collection_records: int = ServerConfig.max_collection_records,
     llm_url: str | None = None,
@@ -79,6 +82,8 @@ def serve(
         default_max_tokens: tokens generated when a request names no ``max_tokens``.
         rag_k: documents retrieved per collection chat turn.
         strict_model_names: 404 for a ``model`` that does not name the endpoint's served model.
+        served_model_name, served_embedding_model_name, served_rerank_model_name: the models'
+            public ids (None: their ids); see :class:`ServerConfig`.
         max_collections: most collections held at once (409 beyond).
         max_collection_records: most records per collection (409 beyond).
         llm_url: front the OpenAI-compatible LLM server (or fleet) at this URL instead of loading
@@ -129,6 +134,9 @@ def serve(
         rerank_backend=rerank_backend,
         rag_fetch_k=rag_fetch_k,
         strict_model_names=strict_model_names,
+        served_model_name=served_model_name,
+        served_embedding_model_name=served_embedding_model_name,
+        served_rerank_model_name=served_rerank_model_name,
         max_collections=max_collections,
         max_collection_records=max_collection_records,
         llm_url=llm_url,

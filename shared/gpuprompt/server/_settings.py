@@ -75,6 +75,13 @@ class ServeSettings(BaseSettings):
                                  description="most vector collections; more get 409")
     max_collection_records: int = Field(ServerConfig.max_collection_records, ge=1,
                                         description="most records in one collection; more get 409")
+    served_model_name: str | None = Field(None, min_length=1, description="the chat model's public id in "
+                                          "/v1/models, responses and the 'model' requests name (vLLM's flag); "
+                                          "unset: its id or folder path")
+    served_embedding_model_name: str | None = Field(None, min_length=1, description="the same for the "
+                                                    "embedding model")
+    served_rerank_model_name: str | None = Field(None, min_length=1, description="the same for the rerank "
+                                                 "model (a local folder is otherwise listed by its path)")
     any_model_name: bool = Field(False, description="serve any 'model' name instead of answering 404 "
                                  "(for builders that send a fixed name such as gpt-4o)")
     redis_url: str | None = Field(None, min_length=1, description="keep collection-chat sessions in Redis "
@@ -119,6 +126,9 @@ class ServeSettings(BaseSettings):
             "max_collections": self.max_collections,
             "max_collection_records": self.max_collection_records,
             "strict_model_names": not self.any_model_name,
+            "served_model_name": self.served_model_name,
+            "served_embedding_model_name": self.served_embedding_model_name,
+            "served_rerank_model_name": self.served_rerank_model_name,
             "llm_url": self.llm_url,
             "llm_api_key": self.llm_api_key,
             "redis_url": self.redis_url,

@@ -5,14 +5,14 @@ route by the :data:`State` dependency."""
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from fastapi import Depends, Request
 
 from gpuprompt.answer_cache import DEFAULT_MAX_ENTRIES, DEFAULT_TTL_SECONDS
 from gpuprompt.errors import ConfigurationError
 from gpuprompt.server._collections import Collections
-from gpuprompt.server._config import ServerConfig
+from gpuprompt.server._config import SERVED_NAMES, ServerConfig
 from gpuprompt.server._metrics import Metrics
 from gpuprompt.server.errors import ApiError
 
@@ -118,12 +118,33 @@ class ServerState:
             )
         return self.llm
 
-    def check_model(self, requested: str | None, served: str, kind: str) -> None:
-        """Refuse a ``model`` that names neither served model (unless the config allows any)."""
+    def served_name(self, kind: Literal["chat", "embedding", "rerank"]) -> str:
+        """The public id of the served ``kind`` model: its ``--served-...-name``, else its id (the
+        chat model's needs the engine: see :meth:`require_llm`; the rerank model's a reranker)."""
+        given = getattr(self.config, SERVED_NAMES[kind])
+        if given is not None:
+            return given
+        if kind == "chat":
+            return self.require_llm().model_name
+        if kind == "embedding":
+            return self.embedder.model_id
+        assert self.reranker is not None
+        return self.reranker.model_id
+
+    def check_model(self, requested: str | None, kind: Literal["chat", "embedding", "rerank"]) -> str:
+        """The public id of the served ``kind`` model, after refusing a ``model`` that does not name
+        it (unless the config allows any name): its served name when one is set, else its full id
+        or the id's last path segment.
+
+        Raises:
+            ApiError: 404 ``model_not_found``.
+        """
+        served = self.served_name(kind)
         if requested is None or not self.config.strict_model_names:
-            return
-        if requested in (served, served.rstrip("/").rsplit("/", 1)[-1]):
-            return
+            return served
+        named = getattr(self.config, SERVED_NAMES[kind]) is not None
+        if requested == served or (not named and requested == served.rstrip("/").rsplit("/", 1)[-1]):
+            return served
         raise ApiError(
             404,
             f"'model' must name the served {kind} model {served!r} (got {requested!r}); GET /v1/models lists "

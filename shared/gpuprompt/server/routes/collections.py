@@ -204,7 +204,7 @@ async def collection_chat(server: State, body: CollectionChatRequest, request: R
         CollectionChatResponse(
             id=f"ragchat-{uuid.uuid4().hex}",
             created=int(time.time()),
-            model=llm.model_name,
+            model=server.served_name("chat"),
             collection=name,
             session_id=body.session_id,
             answer=answer.answer,

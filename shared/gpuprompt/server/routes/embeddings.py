@@ -26,7 +26,7 @@ router = APIRouter()
 async def embeddings(server: State, body: EmbeddingRequest, request: Request) -> Response:
     """Embed a text or a list of texts (batched with every concurrent request). A client that goes
     away takes its texts that are still queued out of the queue."""
-    server.check_model(body.model, server.embedder.model_id, "embedding")
+    name = server.check_model(body.model, "embedding")
     texts = [body.input] if isinstance(body.input, str) else body.input
     if any(not isinstance(t, str) for t in texts):
         # Token ids of tiktoken (langchain-openai's default): read back to text only when exact.
@@ -56,6 +56,6 @@ async def embeddings(server: State, body: EmbeddingRequest, request: Request) ->
     else:
         items = [EmbeddingItem(index=i, embedding=row) for i, row in enumerate(vectors.tolist())]
     return json_response(
-        EmbeddingResponse(data=items, model=server.embedder.model_id,
+        EmbeddingResponse(data=items, model=name,
                           usage=UsageModel(prompt_tokens=tokens, total_tokens=tokens))
     )

@@ -184,7 +184,7 @@ async def chat_completions(server: State, body: ChatCompletionRequest, request: 
     A client that disconnects cancels its generation inside the engine.
     """
     llm = server.require_llm()  # 404 naming --chat-model on a server with none
-    server.check_model(body.model, llm.model_name, "chat")
+    name = server.check_model(body.model, "chat")
     completion_id = f"chatcmpl-{uuid.uuid4().hex}"
     session_id = session_of(request)
     requests = [chat_request(server, body, completion_id, i, session_id) for i in range(body.n)]
@@ -200,7 +200,7 @@ async def chat_completions(server: State, body: ChatCompletionRequest, request: 
         ChatCompletionResponse(
             id=completion_id,
             created=int(time.time()),
-            model=results[0].model,
+            model=name,
             choices=[ChatChoice(index=i, message=_chat_message(r), finish_reason=r.finish_reason)
                      for i, r in enumerate(results)],
             usage=usage_model([r.usage for r in results], prompts=1),
@@ -215,7 +215,7 @@ async def completions(server: State, body: CompletionRequest, request: Request) 
     events ending in ``[DONE]`` (one prompt per streamed request).
     """
     llm = server.require_llm()  # 404 naming --chat-model on a server with none
-    server.check_model(body.model, llm.model_name, "chat")
+    name = server.check_model(body.model, "chat")
     completion_id = f"cmpl-{uuid.uuid4().hex}"
     requests = completion_requests(server, body, completion_id, session_of(request))
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
@@ -238,7 +238,7 @@ async def completions(server: State, body: CompletionRequest, request: Request) 
         CompletionResponse(
             id=completion_id,
             created=int(time.time()),
-            model=results[0].model,
+            model=name,
             choices=[
                 CompletionChoice(index=i, text=(req.prompt if body.echo else "") + r.text,
                                  finish_reason=r.finish_reason)
@@ -339,7 +339,7 @@ async def _stream(
         "id": completion_id,
         "object": "chat.completion.chunk" if chat else "text_completion",
         "created": int(time.time()),
-        "model": llm.model_name,
+        "model": server.served_name("chat"),
     }
 
     def event(choices: list[dict[str, Any]]) -> str:

@@ -51,7 +51,7 @@ def _reranker(server: ServerState, model: str | None):
             param="model",
             code="model_not_found",
         )
-    server.check_model(model, reranker.model_id, "rerank")
+    server.check_model(model, "rerank")
     return reranker
 
 
@@ -84,8 +84,8 @@ async def rerank(server: State, body: RerankRequest, request: Request) -> Respon
         for hit in hits
     ]
     usage = await _usage(reranker, [(body.query, d) for d in documents])
-    return json_response(RerankResponse(id=f"rerank-{uuid.uuid4().hex}", model=reranker.model_id, results=results,
-                                        usage=usage), exclude_none=True)
+    return json_response(RerankResponse(id=f"rerank-{uuid.uuid4().hex}", model=server.served_name("rerank"),
+                                        results=results, usage=usage), exclude_none=True)
 
 
 @router.post(RERANK, include_in_schema=False)
@@ -125,6 +125,6 @@ async def score(server: State, body: ScoreRequest, request: Request) -> Response
     server.metrics.rerank_latency.observe(time.perf_counter() - started)
     server.metrics.rerank_documents.observe(len(pairs))
     return json_response(ScoreResponse(
-        id=f"score-{uuid.uuid4().hex}", created=int(time.time()), model=reranker.model_id,
+        id=f"score-{uuid.uuid4().hex}", created=int(time.time()), model=server.served_name("rerank"),
         data=[ScoreData(index=i, score=s) for i, s in enumerate(scores)], usage=await _usage(reranker, pairs),
     ))

@@ -38,10 +38,10 @@ async def _cards(server: ServerState) -> list[ModelCard]:
 def _served(server: ServerState) -> list[str]:
     """The served models' ids: the chat model (none with ``--chat-model none``), the embedding model,
     then the rerank model."""
-    models = [] if server.llm is None else [server.llm.model_name]
-    models.append(server.embedder.model_id)
+    models = [] if server.llm is None else [server.served_name("chat")]
+    models.append(server.served_name("embedding"))
     if server.reranker is not None:
-        models.append(server.reranker.model_id)
+        models.append(server.served_name("rerank"))
     return models
 
 
@@ -60,10 +60,10 @@ async def health(server: State) -> Response:
         backend, device = None, resolve_device(server.config.device)
     return json_response(
         HealthResponse(
-            chat_model=llm.model_name if llm is not None else None,
-            embedding_model=server.embedder.model_id,
+            chat_model=server.served_name("chat") if llm is not None else None,
+            embedding_model=server.served_name("embedding"),
             embedder_identity=server.embedder.identity if server.loaded else None,
-            rerank_model=server.reranker.model_id if server.reranker is not None else None,
+            rerank_model=server.served_name("rerank") if server.reranker is not None else None,
             embed_backend=server.embedder.backend if server.loaded else server.embedder.config.backend,
             rerank_backend=None if server.reranker is None else
             server.reranker.backend if server.loaded else server.reranker.config.backend,

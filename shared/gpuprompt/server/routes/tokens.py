@@ -28,7 +28,7 @@ async def tokenize(server: State, body: TokenizeRequest) -> Response:
     """The served chat model's token ids of a raw ``prompt``, or of ``messages`` (and ``tools``)
     with its chat template applied, as ``/v1/completions`` and ``/v1/chat/completions`` read them."""
     llm = server.require_llm()  # 404 naming --chat-model on a server with none
-    server.check_model(body.model, llm.model_name, "chat")
+    server.check_model(body.model, "chat")
     tools = [tool.core() for tool in body.tools] if body.tools else None
     ids = await asyncio.to_thread(llm.tokenize, body.core(), tools=tools)
     strs = await asyncio.to_thread(llm.token_strs, ids) if body.return_token_strs else None
@@ -40,5 +40,5 @@ async def tokenize(server: State, body: TokenizeRequest) -> Response:
 async def detokenize(server: State, body: DetokenizeRequest) -> Response:
     """The text of the served chat model's token ids."""
     llm = server.require_llm()
-    server.check_model(body.model, llm.model_name, "chat")
+    server.check_model(body.model, "chat")
     return json_response(DetokenizeResponse(prompt=await asyncio.to_thread(llm.detokenize, body.tokens)))
