@@ -409,3 +409,34 @@ def test_an_empty_tool_reply_is_logged_with_the_raw_text(openai_client, caplog: 
     assert choice.finish_reason == "length" and not choice.message.content and not choice.message.tool_calls
     [record] = [r for r in caplog.records if "neither prose nor a tool call" in r.getMessage()]
     assert record.levelno == logging.DEBUG and "'{" in record.getMessage()
+
+
+def test_a_stream_whose_first_delta_is_slow_sends_its_headers_first(openai_client, http, monkeypatch) -> None:
+    """A tool call is handed out whole, so its first delta comes when the call is written: the stream
+    answers 200 and the opening chunk after at most _HEADERS_AFTER_S rather than holding the headers
+    (a proxy's read timeout) for the whole generation. At 0 s every stream takes that path; the
+    chunks are then the same as when the first delta came first."""
+    from gpuprompt.server.routes import generation
+
+    forced = {"tools": [WEATHER], "tool_choice": "required", "parallel_tool_calls": False}
+    whole = _call(openai_client, **forced).choices[0].message
+    prose = _call(openai_client, max_tokens=8).choices[0].message.content
+    monkeypatch.setattr(generation, "_HEADERS_AFTER_S", 0.0)
+    with openai_client.chat.completions.stream(model=CHAT, messages=ASK, max_tokens=48, temperature=0,
+                                                **forced) as stream:
+        for _ in stream:
+            pass
+        streamed = stream.get_final_completion().choices[0].message
+    assert streamed.content is None  # a forced call opens with content null, as after seeing the call
+    assert [(c.function.name, c.function.arguments) for c in streamed.tool_calls] == [
+        (c.function.name, c.function.arguments) for c in whole.tool_calls]
+    chunks = list(_call(openai_client, max_tokens=8, stream=True))
+    assert chunks[0].choices[0].delta.role == "assistant" and chunks[0].choices[0].delta.content == ""
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == prose
+    # A refusal after the headers went is reported in the stream, in OpenAI's error shape.
+    reply = http.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "word " * 5000}],
+                                                     "max_tokens": 2, "stream": True})
+    assert reply.status_code == 200
+    events = [line[6:] for line in reply.text.splitlines() if line.startswith("data: ")]
+    error = json.loads(events[-1])["error"]
+    assert error["code"] == "context_length_exceeded" and error["type"] == "invalid_request_error"

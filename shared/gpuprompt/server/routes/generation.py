@@ -8,6 +8,7 @@ carries ``id``, ``type`` and ``function.name``; later ones only ``function.argum
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import time
@@ -308,6 +309,34 @@ def _text_chunks(prefix: str) -> ChunkMaker:
     return make
 
 
+_HEADERS_AFTER_S = 1.0
+"""Most seconds a stream waits for its first delta before it answers 200 and the opening chunk."""
+
+
+async def _within(task: asyncio.Future[Any], seconds: float) -> Any:
+    """``task``'s result if it ends within ``seconds`` (its error raised), else None (left running)."""
+    done, _ = await asyncio.wait({task}, timeout=seconds)
+    return task.result() if done else None
+
+
+async def _drop(pending: asyncio.Future[Any], stream: Any) -> None:
+    """Cancel the first-delta task, then close the engine stream (which aborts the request)."""
+    pending.cancel()
+    with contextlib.suppress(BaseException):
+        await pending
+    await stream.aclose()
+
+
+def _opening(request: GenerationRequest) -> StreamDelta:
+    """What the opening chunk is built from when it goes before the first delta: a reply forced to
+    call tools opens with content null (as it would after seeing the call), any other with ""."""
+    from gpuprompt.llm import StreamDelta
+    from gpuprompt.llm._tools import ToolCallDelta
+
+    forced = bool(request.tools) and request.tool_choice not in ("auto", "none")
+    return StreamDelta(text="", tool_calls=(ToolCallDelta(index=0),) if forced else ())
+
+
 async def _stream(
     server: ServerState,
     http_request: Request,
@@ -316,25 +345,30 @@ async def _stream(
     include_usage: bool,
     chunks: ChunkMaker,
 ) -> Response:
-    """Start the stream and wait for its first delta before answering, so a request the engine
-    refuses (too long, unsupported field, queue full, ...) still gets its proper HTTP status."""
+    """Start the stream and wait for its first delta before answering, for at most
+    :data:`_HEADERS_AFTER_S`: a request the engine refuses (too long, unsupported field, queue full,
+    ...) is refused at once and still gets its proper HTTP status. A first delta that takes longer
+    (a busy engine, or a tool call, which is handed out whole) does not hold the headers back: the
+    200 and the opening chunk go first, so clients and proxies see the stream begin."""
     metrics = server.metrics
     chat = chunks is _chat_chunks
     route = "chat_stream" if chat else "completion_stream"
     started = time.perf_counter()
     llm = server.require_llm()
     stream = llm.astream(request)
+    pending = asyncio.ensure_future(stream.__anext__())
     try:
-        first = await until_disconnect(http_request, stream.__anext__())
+        first = await until_disconnect(http_request, _within(pending, _HEADERS_AFTER_S))
     except StopAsyncIteration:  # pragma: no cover - the engine always ends with a final delta
         raise InvalidInputError("the engine produced no output for this request.") from None
     except BaseException:
-        await stream.aclose()
+        await _drop(pending, stream)
         raise
     if isinstance(first, Response):  # the client left before the first token
-        await stream.aclose()
+        await _drop(pending, stream)
         return first
-    metrics.ttft.labels(route).observe(time.perf_counter() - started)
+    if first is not None:
+        metrics.ttft.labels(route).observe(time.perf_counter() - started)
     base = {
         "id": completion_id,
         "object": "chat.completion.chunk" if chat else "text_completion",
@@ -353,9 +387,12 @@ async def _stream(
         # this generator) aborts the request inside the engine if it is still running.
         async with contextlib.aclosing(stream):
             try:
-                for choice in chunks(base, first, None, True):
+                for choice in chunks(base, first if first is not None else _opening(request), None, True):
                     yield event([choice])
                 delta = first
+                if delta is None:
+                    delta = await pending  # cancelled with this generator when the client goes away
+                    metrics.ttft.labels(route).observe(time.perf_counter() - started)
                 while True:
                     for choice in chunks(base, delta, delta.finish_reason, False):
                         yield event([choice])
