@@ -37,6 +37,15 @@ def test_embeddings_float_equal_the_core_embedder(openai_client, embedder) -> No
     assert response.usage.total_tokens == response.usage.prompt_tokens
 
 
+def test_a_client_set_up_for_infinity_embeds_without_v1(live, embedder) -> None:
+    """infinity serves /embeddings and /models at its root, so its users' base URL has no /v1."""
+    with openai.OpenAI(base_url=live.url, api_key="unused", max_retries=0, timeout=120.0) as client:
+        assert embedder.model_id in [model.id for model in client.models.list()]
+        response = client.embeddings.create(model=embedder.model_id, input=["a red dress"], encoding_format="float")
+    np.testing.assert_allclose(np.array([response.data[0].embedding], dtype=np.float32),
+                               embedder.embed(["a red dress"]), atol=1e-6)
+
+
 def test_embeddings_base64_default_and_single_string(openai_client, embedder) -> None:
     # The client asks for base64 when no encoding_format is given and decodes it itself.
     response = openai_client.embeddings.create(model="all-MiniLM-L6-v2", input="a linen shirt")

@@ -23,6 +23,7 @@ router = APIRouter()
 
 
 @router.post(V1 + EMBEDDINGS, response_model=EmbeddingResponse, tags=["openai"])
+@router.post(EMBEDDINGS, response_model=EmbeddingResponse, tags=["openai"], include_in_schema=False)  # infinity's path
 async def embeddings(server: State, body: EmbeddingRequest, request: Request) -> Response:
     """Embed a text or a list of texts (batched with every concurrent request). A client that goes
     away takes its texts that are still queued out of the queue."""

@@ -83,6 +83,7 @@ async def prometheus(server: State) -> Response:
 
 
 @router.get(V1 + MODELS, response_model=ModelList, tags=["openai"])
+@router.get(MODELS, response_model=ModelList, tags=["openai"], include_in_schema=False)  # infinity's path
 async def models(server: State) -> Response:
     """The served models: chat (unless ``--chat-model none``), embedding (and rerank, when one is loaded)."""
     return json_response(ModelList(data=await _cards(server)))
