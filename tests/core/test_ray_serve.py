@@ -40,16 +40,16 @@ def ray_cluster():
 
 
 def test_build_app_checks_options_before_any_replica_starts() -> None:
-    with pytest.raises(ConfigurationError, match="max_ongoing_requests"):
-        build_app(max_ongoing_requests=0)
-    with pytest.raises(ConfigurationError, match="unknown 'llm' option"):
-        build_app(llm={"backend": "transformers", "bogus": 1})
-    with pytest.raises(ConfigurationError, match="base_url"):
-        build_app(llm="router:8000/v1")
-    with pytest.raises(ConfigurationError, match="api_key"):
-        build_app(llm="http://router:8000/v1", llm_api_key="two words")
-    with pytest.raises(ConfigurationError, match="llm_model"):
-        build_app(llm="http://router:8000/v1", llm_model="")
+    refused = [
+        ({"max_ongoing_requests": 0}, "max_ongoing_requests"),
+        ({"llm": {"backend": "transformers", "bogus": 1}}, "unknown 'llm' option"),
+        ({"llm": "router:8000/v1"}, "base_url"),  # a remote fleet's URL, checked as RemoteLLM checks it
+        ({"llm": "http://router:8000/v1", "llm_api_key": "two words"}, "api_key"),
+        ({"llm": "http://router:8000/v1", "llm_model": ""}, "llm_model"),
+    ]
+    for options, said in refused:
+        with pytest.raises(ConfigurationError, match=said):
+            build_app(**options)
     app = build_app(llm=LLM)
     deployment = app._bound_deployment  # what serve.run deploys
     assert deployment._deployment_config.max_ongoing_requests == DEFAULT_MAX_ONGOING_REQUESTS == 256
