@@ -219,7 +219,8 @@ def test_a_rerun_deletes_what_was_removed_from_the_input_and_nothing_of_other_in
     (tmp_path / "notes").mkdir()
     (tmp_path / "notes" / "a.txt").write_text(texts[4])
     (tmp_path / "notes" / "b.txt").write_text(texts[5])
-    for source in ("rows.jsonl", "rows.jsonl.bak.jsonl", "notes"):
+    write_jsonl(tmp_path / "notes" / "inner.jsonl", [{"text": texts[1]}])  # its own input, inside the folder
+    for source in ("rows.jsonl", "rows.jsonl.bak.jsonl", "notes", "notes/inner.jsonl"):
         index_bulk(source, tmp_path / "kb", embedder=embedder, **options)
     write_jsonl(tmp_path / "rows.jsonl", [{"text": t} for t in (texts[0], texts[2], texts[3])])
     (tmp_path / "notes" / "b.txt").unlink()
@@ -229,9 +230,9 @@ def test_a_rerun_deletes_what_was_removed_from_the_input_and_nothing_of_other_in
     by_source: dict[str, list[str]] = {}
     for record in got.values():
         by_source.setdefault(record.metadata["source"], []).append(record.document)
-    assert sorted(by_source) == ["notes/a.txt", "rows.jsonl.bak.jsonl:1", "rows.jsonl:1", "rows.jsonl:2",
-                                 "rows.jsonl:3"]
-    documents = [record.document for record in got.values()]
+    assert sorted(by_source) == ["notes/a.txt", "notes/inner.jsonl:1", "rows.jsonl.bak.jsonl:1", "rows.jsonl:1",
+                                 "rows.jsonl:2", "rows.jsonl:3"]
+    documents = [r.document for r in got.values() if r.metadata["source"] != "notes/inner.jsonl:1"]
     assert len(documents) == len(set(documents))  # no copy of a shifted line under a dead id
     # With id_field the ids say nothing of their input: a removed record stays (documented).
     write_jsonl(tmp_path / "named.jsonl", [{"id": f"n{i}", "text": t} for i, t in enumerate(texts[:2])])

@@ -67,8 +67,8 @@ def test_leaving_before_the_first_token_drops_the_queued_request(tiny, tiny_engi
     with tiny.client() as http, http.stream("POST", "/v1/chat/completions", json=slow) as running:
         lines = running.iter_lines()
         assert next(lines).startswith("data: ")
-        # A second stream waits in the engine queue: its headers come with its first token, so
-        # the client gives up first.
+        # A second stream waits in the engine queue: its first token comes only after the running
+        # one ends (its headers and opening chunk after 1 s), so the client gives up first.
         with tiny.client(timeout=httpx.Timeout(30.0, read=1.0)) as impatient:
             with pytest.raises(httpx.ReadTimeout):
                 with impatient.stream("POST", "/v1/chat/completions", json=slow) as queued:

@@ -198,6 +198,8 @@ async def test_served_model_names_replace_the_ids_everywhere(embedder, server_ll
         async with server.client() as http:
             assert [card["id"] for card in (await http.get("/v1/models")).json()["data"]] == [
                 "smol", "minilm", "bge-reranker-base"]
+            assert (await http.get("/v1/models/smol")).status_code == (await http.get("/models/minilm")).status_code == 200
+            assert (await http.get(f"/v1/models/{embedder.model_id}")).status_code == 404  # the id is not public
             health = (await http.get("/health")).json()
             assert (health["chat_model"], health["embedding_model"], health["rerank_model"]) == (
                 "smol", "minilm", "bge-reranker-base")

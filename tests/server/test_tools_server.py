@@ -234,15 +234,26 @@ def test_default_sampling_values_are_always_accepted(openai_client) -> None:
     assert response.choices[0].finish_reason in ("stop", "length")
 
 
+def test_chat_template_kwargs_the_template_does_not_read_change_nothing(openai_client) -> None:
+    """``{"enable_thinking": false}`` (what LiteLLM and Open WebUI send for Qwen3) is a no-op for a
+    template without that switch, as in vLLM: accepted, same output (a key it reads is refused)."""
+    plain = _call(openai_client, max_tokens=8).choices[0].message.content
+    switched = _call(openai_client, max_tokens=8, extra_body={"chat_template_kwargs": {"enable_thinking": False}})
+    assert switched.choices[0].message.content == plain
+
+
 def test_vllm_structured_outputs_constrain_as_the_guided_fields(openai_client) -> None:
-    """vLLM 0.10+ spells guided decoding ``structured_outputs``: the same constraint as ``guided_*``."""
+    """vLLM 0.10+ spells guided decoding ``structured_outputs``: the same constraint as ``guided_*``,
+    and both spellings of one constraint together (what gpuprompt's own remote backend sends, for
+    either kind of server) are one constraint."""
     for new, old in (({"choice": ["red", "blue"]}, {"guided_choice": ["red", "blue"]}),
                      ({"regex": "[0-9]{3}"}, {"guided_regex": "[0-9]{3}"}),
                      ({"json": json.dumps(WEATHER["function"]["parameters"])},
                       {"guided_json": WEATHER["function"]["parameters"]})):
         spelled = _call(openai_client, extra_body={"structured_outputs": new})
         guided = _call(openai_client, extra_body=old)
-        assert spelled.choices[0].message.content == guided.choices[0].message.content
+        both = _call(openai_client, extra_body={"structured_outputs": {**new, "disable_any_whitespace": True}, **old})
+        assert spelled.choices[0].message.content == guided.choices[0].message.content == both.choices[0].message.content
     assert spelled.choices[0].message.content and json.loads(spelled.choices[0].message.content) is not None
 
 
@@ -272,7 +283,11 @@ def test_vllm_structured_outputs_constrain_as_the_guided_fields(openai_client) -
         ({"structured_outputs": {"grammar": "root ::= 'a'"}}, "structured_outputs.grammar", "Extra inputs"),
         ({"structured_outputs": {"choice": ["a"], "regex": "b"}}, "structured_outputs", "exactly one"),
         ({"structured_outputs": {"json": "[1"}}, "structured_outputs.json", "JSON schema"),
-        ({"structured_outputs": {"choice": ["a"]}, "guided_regex": "a"}, "structured_outputs", "guided_regex"),
+        ({"structured_outputs": {"choice": ["a"]}, "guided_regex": "a"}, "structured_outputs", "'regex'"),
+        ({"structured_outputs": {"json": "[" * 5000 + "]" * 5000}}, "structured_outputs.json", "JSON schema"),
+        ({"structured_outputs": {"json": '{"type": "object", "x": NaN}'}}, "structured_outputs.json", "JSON schema"),
+        ({"chat_template_kwargs": {"add_generation_prompt": False}}, "chat_template_kwargs", "read by the served"),
+        ({"echo": True}, "echo", "vLLM sampling field"),
     ],
 )
 def test_bad_tool_and_sampling_requests_are_400_naming_the_field(http, payload, param, fragment) -> None:

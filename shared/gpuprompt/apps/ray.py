@@ -36,7 +36,7 @@ if TYPE_CHECKING:
     from gpuprompt.embed import EmbedderConfig
     from gpuprompt.llm import LLMConfig
 
-__all__ = ["DEFAULT_MAX_ONGOING_REQUESTS", "RAGDeployment", "RemoteLLM", "build_app"]
+__all__ = ["DEFAULT_MAX_ONGOING_REQUESTS", "RAGDeployment", "build_app"]
 
 DEFAULT_MAX_ONGOING_REQUESTS = 256
 """Requests one replica takes at once: enough for the batchers to form full batches."""
@@ -179,9 +179,9 @@ def build_app(
         llm: the in-replica engine's :class:`~gpuprompt.llm.LLMConfig` or its fields (default:
             the bundled SmolLM2, backend ``"auto"``), or the URL of a remote OpenAI-compatible
             fleet (``"http://router:8000/v1"``: vLLM servers behind a router, or ``gpuprompt
-            serve``), called through :class:`gpuprompt.remote.RemoteLLM` (retries a 429, sends the
-            session as ``X-Session-ID`` so a fleet's router keeps it on one replica); then replicas
-            load no LLM.
+            serve``), called through :class:`gpuprompt.remote.RemoteLLM` (it sends the session as
+            ``X-Session-ID``, so a fleet's router keeps a conversation on one replica; a busy
+            server's 429 comes back as a 429 of the deployment); then replicas load no LLM.
         llm_model: with a URL, the ``model`` to ask for (None: the server's one model).
         llm_api_key: with a URL, the bearer token (travels to the replicas in the deployment's
             arguments).

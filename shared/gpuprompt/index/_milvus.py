@@ -25,7 +25,7 @@ from gpuprompt.index._config import IndexConfig, check_embedder_args, record_emb
 from gpuprompt.index._groups import GroupSearchMixin
 from gpuprompt.index._hybrid import HybridSearchMixin
 from gpuprompt.index._milvus_lexical import AVGDL_PROPERTY, FIELD, LexicalCounts, document_vector, first_avgdl
-from gpuprompt.index._milvus_filters import compile_milvus, literal
+from gpuprompt.index._milvus_filters import compile_milvus, ids_expression
 from gpuprompt.index._milvus_schema import (
     MilvusOptions,
     check_rows,
@@ -553,13 +553,11 @@ class MilvusIndex(AsyncIndexMixin, GroupSearchMixin, HybridSearchMixin):
 
 
 def _id_expressions(ids: Sequence[str]) -> Iterator[str]:
-    """``id in [...]`` expressions selecting ``ids``, at most ``_GET_CHUNK`` each, every id spelled as an
-    escaped literal. (pymilvus's own ``ids=`` pastes each id between quotes as it is, so an id holding
-    a quote would break the expression or select other records.) An id Milvus has no literal for
-    (a control character) is left out: :func:`check_rows` never stores one."""
-    spelled = [text for text in map(literal, ids) if text is not None]
-    for start in range(0, len(spelled), _GET_CHUNK):
-        yield f"id in [{', '.join(spelled[start : start + _GET_CHUNK])}]"
+    """:func:`ids_expression` of ``ids`` in chunks of at most ``_GET_CHUNK``."""
+    for start in range(0, len(ids), _GET_CHUNK):
+        expression = ids_expression(ids[start : start + _GET_CHUNK])
+        if expression is not None:
+            yield expression
 
 
 def _meta(row: Mapping[str, Any]) -> dict[str, Any]:

@@ -30,10 +30,10 @@ A key or string holding control characters is not narrowed (no escape for them i
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
-__all__ = ["FOLDED_SUFFIX", "SCALAR_KINDS", "TRUE", "compile_milvus", "literal"]
+__all__ = ["FOLDED_SUFFIX", "SCALAR_KINDS", "TRUE", "compile_milvus", "ids_expression", "literal"]
 
 TRUE = "true"
 FALSE = "false"
@@ -76,6 +76,15 @@ def literal(value: Any) -> str | None:
             return None
         return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
     return None
+
+
+def ids_expression(ids: Iterable[str]) -> str | None:
+    """``id in [...]`` selecting ``ids``, each spelled by :func:`literal` (pymilvus's own ``ids=``
+    pastes an id between quotes as it is, so an id holding a quote would break the expression or
+    select other records); None when no id has a spelling (only control characters lack one, and
+    MilvusIndex never stores such an id)."""
+    spelled = [text for text in map(literal, ids) if text is not None]
+    return f"id in [{', '.join(spelled)}]" if spelled else None
 
 
 def _and(parts: list[str]) -> str:

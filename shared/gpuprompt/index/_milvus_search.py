@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from gpuprompt.errors import InvalidInputError
-from gpuprompt.index._milvus_filters import literal
+from gpuprompt.index._milvus_filters import ids_expression
 from gpuprompt.index._milvus_schema import LEXICAL_FIELD as LEXICAL
 from gpuprompt.index._search import SearchRequest
 from gpuprompt.index._types import Hit
@@ -192,8 +192,9 @@ def _exactly(
     field: str = "vector",
 ) -> None:
     """The rare case of a filter Milvus narrows poorly: search only the ids that match exactly."""
-    allowed = [key for key in (literal(key) for key in index._matching_ids(client, filter)) if key is not None]
-    if not allowed:
+    allowed = index._matching_ids(client, filter)
+    expression = ids_expression(allowed)
+    if expression is None:
         return
     options = index.options
     dense = field == "vector"
@@ -202,7 +203,7 @@ def _exactly(
         options.collection,
         data=_rows(queries, short),
         limit=limit,
-        filter=f"id in [{', '.join(allowed)}]",
+        filter=expression,
         output_fields=fields,
         anns_field=field,
         search_params=options.search_params_for(limit) if dense else _SPARSE_PARAMS,

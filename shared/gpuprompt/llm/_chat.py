@@ -75,6 +75,22 @@ class ChatFormatter:
         """Whether the model's chat template renders ``tools=`` itself (read once)."""
         return template_supports_tools(self.tokenizer)
 
+    @functools.cached_property
+    def template_variables(self) -> frozenset[str]:
+        """The names the chat template reads from its context (``messages``, ``tools``,
+        ``enable_thinking``, ...), read once from its source; empty without a template."""
+        template = getattr(self.tokenizer, "chat_template", None)
+        sources = list(template.values()) if isinstance(template, dict) else [template]
+        try:
+            from jinja2 import meta
+            from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+            environment = ImmutableSandboxedEnvironment()
+            return frozenset().union(*(meta.find_undeclared_variables(environment.parse(source))
+                                       for source in sources if isinstance(source, str)))
+        except Exception:  # noqa: BLE001 - a template jinja cannot parse reads everything, as far as we know
+            return frozenset({"*"})
+
     def _tool_role(self) -> bool:
         """Whether the template accepts ``tool`` turns (checked once)."""
         known = getattr(self, "_tool_role_ok", None)

@@ -288,6 +288,12 @@ class LLMEngine:
         """
         return self._ensure_formatter().tokenize(messages_or_prompt, tools=tools)
 
+    def template_variables(self) -> frozenset[str]:
+        """The names the chat template reads from its context (``messages``, ``tools``, and options
+        such as ``enable_thinking``); ``{"*"}`` when its source cannot be read. A name it does not
+        read changes no prompt. Loads only the tokenizer."""
+        return self._ensure_formatter().template_variables
+
     def detokenize(self, ids: Sequence[int]) -> str:
         """The text of token ids, as the model's tokenizer decodes them. Loads only the tokenizer.
 

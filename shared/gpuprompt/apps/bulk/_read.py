@@ -138,12 +138,15 @@ class BulkInput:
         """Whether ``source`` is one this input would name by default, though it may hold it no more:
         ``<file>:<line>`` of this JSONL or Parquet file, or ``<folder>/<file>`` of this folder. A
         re-run deletes the chunks of such sources that it no longer reads (a removed line or file).
-        False with ``id_field`` (the ids say nothing of their input), for a folder named ``""``, and
-        for one text file (its one source is always read)."""
+        A folder owns only text-file sources under it: a JSONL or Parquet file inside it that was
+        indexed as an input of its own (``<folder>/data.jsonl:<line>``) is not its. False with
+        ``id_field`` (the ids say nothing of their input), for a folder named ``""``, and for one
+        text file (its one source is always read)."""
         if self.options.id_field is not None:
             return False
         if self.kind == "text":
-            return bool(self._folder) and source.startswith(f"{self._folder}/")
+            return (bool(self._folder) and source.startswith(f"{self._folder}/")
+                    and Path(source).suffix.lower() in TEXT_SUFFIXES)
         name, sep, line = source.rpartition(":")
         return bool(sep) and name == self.files[0][1] and line.isdigit()
 

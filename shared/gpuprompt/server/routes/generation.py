@@ -49,14 +49,37 @@ def _unsupported(param: str, message: str) -> ApiError:
     return ApiError(400, message, param=param, code="unsupported_parameter")
 
 
-def _refuse_vllm_fields(body: Any) -> None:
-    """A 400 naming the first of vLLM's output-changing fields this server does not run, if sent."""
+def _refuse_vllm_fields(body: Any, llm: Any) -> None:
+    """A 400 naming the first of vLLM's output-changing fields this server does not run, if sent.
+
+    ``chat_template_kwargs`` are not passed to the template either; one the chat template does not
+    read changes nothing (as in vLLM), so only a key it reads is refused (``enable_thinking`` is
+    accepted for a model whose template has no such switch)."""
     refused = body.refused_vllm_field()
     if refused is not None:
         name, value = refused
         shown = json.dumps(value, ensure_ascii=True)[:80]
         raise _unsupported(name, f"'{name}' is a vLLM sampling field this server does not run (got {shown}); "
                            "leave it out or send its default, or send the request to a vLLM server.")
+    check_template_kwargs((body.model_extra or {}).get("chat_template_kwargs"), llm)
+
+
+def check_template_kwargs(kwargs: Any, llm: Any) -> None:
+    """Refuse (400) ``chat_template_kwargs`` holding a key the chat template reads: the template is
+    rendered without them, so only keys it ignores are accepted (they change nothing, as in vLLM)."""
+    if kwargs is None:
+        return
+    if not isinstance(kwargs, dict):
+        raise ApiError(400, f"'chat_template_kwargs' must be an object (got {type(kwargs).__name__}).",
+                       param="chat_template_kwargs", code="invalid_value")
+    if not kwargs:
+        return
+    read = llm.template_variables()
+    used = sorted(key for key in kwargs if str(key) in read or "*" in read)
+    if used:
+        raise _unsupported("chat_template_kwargs", f"'chat_template_kwargs' key {used[0]!r} is read by the served "
+                           "model's chat template, and this server renders the template without it; leave it "
+                           "out (the template's default applies).")
 
 
 def _seed(seed: int | None, index: int) -> int | None:
@@ -97,7 +120,7 @@ def chat_request(
     if body.top_logprobs is not None:
         raise _unsupported("top_logprobs", "'top_logprobs' must be absent: this server does not return "
                            f"log-probabilities (got {body.top_logprobs}).")
-    _refuse_vllm_fields(body)
+    _refuse_vllm_fields(body, server.require_llm())
     if body.functions is not None or body.function_call is not None:
         field = "functions" if body.functions is not None else "function_call"
         raise _unsupported(field, f"'{field}' is OpenAI's deprecated tool interface; send 'tools' and 'tool_choice' "
@@ -141,7 +164,7 @@ def completion_requests(
             param="prompt",
             code="invalid_value",
         )
-    _refuse_vllm_fields(body)
+    _refuse_vllm_fields(body, server.require_llm())
     if body.n != 1:
         raise _unsupported("n", f"'n' must be 1 (got {body.n}); for several continuations send the prompt several "
                            "times in a list.")
@@ -320,21 +343,41 @@ async def _within(task: asyncio.Future[Any], seconds: float) -> Any:
 
 
 async def _drop(pending: asyncio.Future[Any], stream: Any) -> None:
-    """Cancel the first-delta task, then close the engine stream (which aborts the request)."""
+    """Cancel the first-delta task, then close the engine stream (which aborts the request if it
+    still runs). Safe to call again; a cancellation of the caller still propagates."""
     pending.cancel()
-    with contextlib.suppress(BaseException):
-        await pending
+    await asyncio.wait({pending})
+    if not pending.cancelled():
+        pending.exception()  # retrieved: its error was reported (or it ended the stream) elsewhere
     await stream.aclose()
 
 
 def _opening(request: GenerationRequest) -> StreamDelta:
-    """What the opening chunk is built from when it goes before the first delta: a reply forced to
-    call tools opens with content null (as it would after seeing the call), any other with ""."""
+    """What the opening chunk is built from when it goes before the first delta: a reply that may
+    call tools opens with content null (what a reply of calls only must end with; a client folding
+    the deltas turns null plus text into the text), any other with ""."""
     from gpuprompt.llm import StreamDelta
     from gpuprompt.llm._tools import ToolCallDelta
 
-    forced = bool(request.tools) and request.tool_choice not in ("auto", "none")
-    return StreamDelta(text="", tool_calls=(ToolCallDelta(index=0),) if forced else ())
+    may_call = bool(request.tools) and request.tool_choice != "none"
+    return StreamDelta(text="", tool_calls=(ToolCallDelta(index=0),) if may_call else ())
+
+
+class _EngineStream(StreamingResponse):
+    """A streamed reply that always lets go of its engine stream: whether its body ran to the end,
+    was closed early, or never started (the client left first), the first-delta task is cancelled
+    before the engine stream is closed (closing it while that task runs it would fail, and leave
+    the request generating for nobody)."""
+
+    def __init__(self, body: AsyncIterator[str], pending: asyncio.Future[Any], stream: Any) -> None:
+        super().__init__(body, media_type="text/event-stream", headers=SSE_HEADERS)
+        self._pending, self._engine_stream = pending, stream
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            await _drop(self._pending, self._engine_stream)
 
 
 async def _stream(
@@ -384,8 +427,9 @@ async def _stream(
 
     async def events() -> AsyncIterator[str]:
         # Closing the engine stream (normal end, error, or the client going away, which cancels
-        # this generator) aborts the request inside the engine if it is still running.
-        async with contextlib.aclosing(stream):
+        # this generator) aborts the request inside the engine if it is still running; the first
+        # delta's task goes first (see _EngineStream, which also covers a body that never started).
+        try:
             try:
                 for choice in chunks(base, first if first is not None else _opening(request), None, True):
                     yield event([choice])
@@ -408,6 +452,8 @@ async def _stream(
             finally:
                 metrics.generation_latency.labels(route).observe(time.perf_counter() - started)
             yield "data: [DONE]\n\n"
+        finally:
+            await _drop(pending, stream)
 
-    return StreamingResponse(events(), media_type="text/event-stream", headers=SSE_HEADERS)
+    return _EngineStream(events(), pending, stream)
 

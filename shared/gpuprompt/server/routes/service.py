@@ -9,6 +9,7 @@ import time
 from fastapi import APIRouter
 from fastapi.responses import Response
 
+from gpuprompt.server._config import SERVED_NAMES
 from gpuprompt.server._http import json_response
 from gpuprompt.server._metrics import CONTENT_TYPE_LATEST
 from gpuprompt.server.errors import ApiError
@@ -90,10 +91,12 @@ async def models(server: State) -> Response:
 
 
 @router.get(V1 + MODELS + "/{model_id:path}", response_model=ModelCard, tags=["openai"])
+@router.get(MODELS + "/{model_id:path}", response_model=ModelCard, tags=["openai"], include_in_schema=False)
 async def model(server: State, model_id: str) -> Response:
-    """One served model."""
+    """One served model, by the id a request's ``model`` may name (see ``ServerState.check_model``)."""
+    named = {getattr(server.config, field) for field in SERVED_NAMES.values()} - {None}
     for card in await _cards(server):
-        if model_id in (card.id, card.id.rsplit("/", 1)[-1]):
+        if model_id == card.id or (card.id not in named and model_id == card.id.rsplit("/", 1)[-1]):
             return json_response(card)
     raise ApiError(404, f"model {model_id!r} is not served here; GET /v1/models lists the served models.",
                    param="model", code="model_not_found")

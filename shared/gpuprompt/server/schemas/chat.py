@@ -11,7 +11,17 @@ from __future__ import annotations
 import json
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    StrictBool,
+    TypeAdapter,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from gpuprompt.server.schemas.base import (
     MAX_STOP,
@@ -89,19 +99,38 @@ class StructuredOutputs(_OpenAIRequest):
     """A regular expression the output must match."""
     choice: list[Annotated[Text, Field(min_length=1)]] | None = Field(None, min_length=1, max_length=1024)
     """The output is exactly one of these strings."""
+    json_object: StrictBool | None = None
+    """True: the output is a JSON object (any)."""
+    disable_any_whitespace: StrictBool | None = None
+    """Accepted either way: guided JSON here is always written compactly (vLLM's ``true``)."""
 
     @field_validator("schema_")
     @classmethod
     def _schema_object(cls, value: Any) -> Any:
-        if value is None or isinstance(value, dict):
+        if not isinstance(value, str):
             return value
-        try:
-            parsed = json.loads(value)
-        except ValueError as exc:
-            raise ValueError(f"must be a JSON schema, as an object or its JSON text ({exc})") from None
-        if not isinstance(parsed, dict):
-            raise ValueError("must be a JSON schema object")
-        return parsed
+        try:  # the checks of a schema given as an object: depth, int64, finite numbers
+            return _SCHEMA_TEXT.validate_json(value)
+        except ValidationError as exc:
+            problem = exc.errors()[0].get("msg", "not a JSON object")
+            raise ValueError(f"must be a JSON schema, as an object or its JSON text ({problem})") from None
+
+    def constraint(self) -> dict[str, Any]:
+        """The one constraint it holds, as ``{"json": schema}``, ``{"regex": ...}``, ``{"choice": [...]}``
+        or ``{"json_object": True}``.
+
+        Raises:
+            ValueError: none, or more than one.
+        """
+        given = {k: v for k, v in (("json", self.schema_), ("regex", self.regex), ("choice", self.choice),
+                                   ("json_object", self.json_object or None)) if v is not None}
+        if len(given) != 1:
+            raise ValueError("'structured_outputs' must hold exactly one of 'json', 'regex', 'choice' or "
+                             f"'json_object' (got {list(given) or 'none'})")
+        return given
+
+
+_SCHEMA_TEXT: TypeAdapter[dict[str, Any]] = TypeAdapter(JSONObject)
 
 
 class ResponseFormat(_OpenAIRequest):
@@ -144,7 +173,7 @@ _VLLM_OFF: dict[str, tuple[Any, ...]] = {
     "continue_final_message": (False,),
     "add_generation_prompt": (True,),
     "chat_template": (),
-    "chat_template_kwargs": ({},),
+    "echo": (False,),
     "documents": ([],),
     "vllm_xargs": ({},),
 }
@@ -229,6 +258,22 @@ class _Sampling(_OpenAIRequest):
                 )
         return value
 
+    def _older_constraint(self) -> dict[str, Any] | None:
+        """The constraint of the ``guided_*`` / ``response_format`` fields, in :meth:`StructuredOutputs.constraint`'s
+        form (None without one; a json_schema ``response_format`` as its schema)."""
+        if self.guided_json is not None:
+            return {"json": self.guided_json}
+        if self.guided_regex is not None:
+            return {"regex": self.guided_regex}
+        if self.guided_choice is not None:
+            return {"choice": list(self.guided_choice)}
+        fmt = self.response_format
+        if fmt is not None and fmt.type == "json_object":
+            return {"json_object": True}
+        if fmt is not None and fmt.type == "json_schema":
+            return {"json": fmt.core().get("json_schema", {}).get("schema")}
+        return None
+
     def refused_vllm_field(self) -> tuple[str, Any] | None:
         """The first of vLLM's fields this server does not run (:data:`_VLLM_OFF`) that the request
         sent with a value asking for something, as ``(name, value)``; None when there is none."""
@@ -274,17 +319,19 @@ class _Sampling(_OpenAIRequest):
     @model_validator(mode="after")
     def _one_constraint(self) -> _Sampling:
         if self.structured_outputs is not None:  # vLLM's current spelling, read as the guided_* fields
-            spelled = self.structured_outputs
-            given_new = [k for k, v in (("json", spelled.schema_), ("regex", spelled.regex),
-                                         ("choice", spelled.choice)) if v is not None]
-            if len(given_new) != 1:
-                raise ValueError("'structured_outputs' must hold exactly one of 'json', 'regex' or 'choice' (got "
-                                 f"{given_new or 'none'})")
-            clash = [k for k in ("guided_json", "guided_regex", "guided_choice") if getattr(self, k) is not None]
-            if clash:
-                raise ValueError(f"'structured_outputs' cannot be combined with '{clash[0]}': give one output constraint")
-            self.guided_json = spelled.schema_
-            self.guided_regex, self.guided_choice = spelled.regex, spelled.choice
+            wanted = self.structured_outputs.constraint()
+            older = self._older_constraint()
+            if older is not None and older != wanted:
+                raise ValueError(f"'structured_outputs' asks for {sorted(wanted)[0]!r} but the request also asks for "
+                                 f"{sorted(older)[0]!r} (guided_* or response_format): give one output constraint, "
+                                 "or the same one in both spellings")
+            if older is None:
+                kind, value = next(iter(wanted.items()))
+                if kind == "json_object":
+                    self.response_format = ResponseFormat(type="json_object")
+                else:
+                    setattr(self, {"json": "guided_json", "regex": "guided_regex", "choice": "guided_choice"}[kind],
+                            value)
             self.structured_outputs = None
         given = [k for k in ("guided_json", "guided_regex", "guided_choice") if getattr(self, k) is not None]
         if self.response_format is not None and self.response_format.type != "text":

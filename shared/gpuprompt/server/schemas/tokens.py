@@ -37,7 +37,8 @@ class TokenizeRequest(_OpenAIRequest):
     chat_template: None = None
     """Refused when given: the served model's own template is what the chat route applies."""
     chat_template_kwargs: dict[str, Any] | None = None
-    """Refused unless empty (the chat route passes none)."""
+    """Keys the chat template does not read are accepted (they change nothing); a key it reads is
+    refused, as on the chat route, which renders the template without them."""
     return_token_strs: StrictBool = False
     """Also return each token as the tokenizer's vocabulary spells it (``convert_ids_to_tokens``)."""
 
@@ -52,8 +53,6 @@ class TokenizeRequest(_OpenAIRequest):
                 "'add_special_tokens' must be true for a prompt and false for messages (their chat template "
                 "holds the special tokens), as the generation routes read them"
             )
-        if self.chat_template_kwargs:
-            raise ValueError("'chat_template_kwargs' must be empty: the chat route renders the template without any")
         return self
 
     def core(self) -> Any:
