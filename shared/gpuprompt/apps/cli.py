@@ -1,4 +1,4 @@
-"""The ``gpuprompt`` command: ``demo``, ``bench`` and (with the server extra) ``serve``."""
+"""The ``gpuprompt`` command: ``demo``, ``bench``, ``index-bulk`` and (with the server extra) ``serve``."""
 
 from __future__ import annotations
 
@@ -9,6 +9,8 @@ import sys
 from pathlib import Path
 
 __all__ = ["main"]
+
+_DESCRIPTION = "gpuprompt: demo, bench, serve (with the server extra) and index-bulk."
 
 
 def _bench(args: argparse.Namespace) -> int:
@@ -133,7 +135,7 @@ def _positive_int(text: str) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the ``gpuprompt`` command."""
-    parser = argparse.ArgumentParser(prog="gpuprompt", description=__doc__)
+    parser = argparse.ArgumentParser(prog="gpuprompt", description=_DESCRIPTION)
     parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
     sub = parser.add_subparsers(dest="command", required=True)
 
