@@ -6,8 +6,10 @@ coalesced across concurrent ``aquery`` calls, and scored higher-is-better.
 
 from __future__ import annotations
 
+import json
 import os
 import threading
+from pathlib import Path
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -17,6 +19,7 @@ from gpuprompt.errors import (
     DimensionMismatchError,
     InputTypeError,
     InvalidInputError,
+    SnapshotError,
     describe,
 )
 from gpuprompt.validation import (
@@ -58,6 +61,9 @@ metadata is the user's node metadata, which filters see."""
 
 _NAMESPACE_SEP = "__"
 _DEFAULT_NAMESPACE = "default"
+_EMPTY_MARK = "gpuprompt-empty-vector-store.json"
+"""What :meth:`GPUPromptVectorStore.persist` writes for a store that never got a node (no dimension,
+so no index snapshot yet): its settings, in a folder at the persist path."""
 
 
 
@@ -484,22 +490,48 @@ class GPUPromptVectorStore(BasePydanticVectorStore):
         ``StorageContext.persist(dir)`` calls this with ``dir/default__vector_store.json``; the
         snapshot is written there (atomically, by the core).
 
+        A store that never got a node and has no ``dim`` (an index built from no documents) has no
+        index yet: its settings are written instead (``metric``, ``backend``, ``index_options``), and
+        :meth:`from_persist_path` gives back such an empty store; a later persist to the same path
+        writes the snapshot in their place.
+
         Raises:
             ConfigurationError: ``fs`` is a non-local fsspec filesystem.
-            InvalidInputError: the store is empty and has no dimension yet (nothing to save), or
-                ``persist_path`` is empty, holds NUL, ends in ``.``/``..``, or steps back out of a
-                folder it named (``a/../b``: how a namespace like ``"../x"`` would escape the folder).
+            InvalidInputError: ``persist_path`` is empty, holds NUL, ends in ``.``/``..``, or steps
+                back out of a folder it named (``a/../b``: how a namespace like ``"../x"`` would
+                escape the folder); or, for a store with no index yet, something other than such a
+                record or an empty folder is there already.
             InputTypeError: ``persist_path`` is not a str or ``os.PathLike``.
         """
         _check_local_fs(fs)
         persist_path = check_path(persist_path, "persist_path")
         index = self.client
+        folder = Path(persist_path)
         if index is None:
-            raise InvalidInputError(
-                "this GPUPromptVectorStore has no index yet (no node was added and 'dim' is None); add nodes "
-                "or pass dim=... before persisting."
-            )
+            self._persist_settings(folder)
+            return
+        mark = folder / _EMPTY_MARK
+        if mark.is_file() and len(os.listdir(folder)) == 1:  # the empty store's record gives way to its snapshot
+            mark.unlink()
         index.save(persist_path)
+
+    def _persist_settings(self, folder: Path) -> None:
+        """Write the settings of a store with no index yet (see :meth:`persist`)."""
+        if folder.exists() and not (folder.is_dir() and set(os.listdir(folder)) <= {_EMPTY_MARK}):
+            raise InvalidInputError(
+                f"this GPUPromptVectorStore has no index yet (no node was added and 'dim' is None), and "
+                f"{str(folder)!r} already holds something else (an index snapshot?); persist it elsewhere, or "
+                "pass dim=... so that an empty index is saved."
+            )
+        try:
+            text = json.dumps({"metric": self.metric, "backend": self.backend, "index_options": self.index_options})
+        except (TypeError, ValueError) as exc:
+            raise InvalidInputError(f"'index_options' must be JSON to persist a store with no index yet ({exc}); "
+                                    "pass dim=... so that an empty index is saved.") from exc
+        folder.mkdir(parents=True, exist_ok=True)
+        partial = folder / f".{_EMPTY_MARK}.partial"
+        partial.write_text(text, encoding="utf-8")
+        os.replace(partial, folder / _EMPTY_MARK)
 
     @classmethod
     def from_persist_path(
@@ -517,6 +549,16 @@ class GPUPromptVectorStore(BasePydanticVectorStore):
         persist_path = check_path(persist_path, "persist_path")
         from gpuprompt.index import load_index
 
+        mark = Path(persist_path) / _EMPTY_MARK
+        if mark.is_file():  # a store persisted before it got a node: the same empty store
+            try:
+                saved = json.loads(mark.read_text(encoding="utf-8"))
+                settings = {"metric": saved["metric"], "backend": saved["backend"],
+                            "index_options": dict(saved["index_options"])}
+            except (OSError, ValueError, KeyError, TypeError) as exc:
+                raise SnapshotError(f"{str(mark)!r} is not a readable empty-store record ({exc}); persist the "
+                                    "store again.") from exc
+            return cls(**{**settings, "device": device, **kwargs})
         options = dict(kwargs.pop("index_options", None) or {})
         if "backend" in kwargs:
             options["backend"] = kwargs.pop("backend")

@@ -357,9 +357,28 @@ def test_tampered_or_missing_snapshots_are_refused(store, tmp_path) -> None:
         GPUPromptVectorStore.from_persist_path(str(tmp_path / "nothing-here"))
 
 
+def test_a_store_that_never_got_a_node_persists_and_comes_back_empty(nodes, li_embed, tmp_path) -> None:
+    """An index built from no documents, persisted (StorageContext.persist), reloaded, filled, persisted
+    again: as SimpleVectorStore allows. Before, the first persist raised (no dimension, no snapshot)."""
+    from llama_index.core import StorageContext, VectorStoreIndex
+
+    storage = StorageContext.from_defaults(vector_store=GPUPromptVectorStore(metric="ip"))
+    VectorStoreIndex([], storage_context=storage, embed_model=li_embed)
+    storage.persist(str(tmp_path / "kb"))
+    empty = GPUPromptVectorStore.from_persist_dir(str(tmp_path / "kb"))
+    assert empty.client is None and empty.dim is None and empty.metric == "ip"
+    empty.add(nodes[:5])
+    empty.persist(str(tmp_path / "kb" / "default__vector_store.json"))  # the snapshot takes the record's place
+    again = GPUPromptVectorStore.from_persist_dir(str(tmp_path / "kb"))
+    assert len(again.client) == 5 and again.metric == "ip"
+    with pytest.raises(InvalidInputError, match="already holds something else"):  # never over a snapshot
+        GPUPromptVectorStore().persist(str(tmp_path / "kb" / "default__vector_store.json"))
+    assert len(GPUPromptVectorStore.from_persist_dir(str(tmp_path / "kb")).client) == 5
+
+
 def test_persist_edge_cases(tmp_path) -> None:
-    with pytest.raises(InvalidInputError, match="has no index yet"):
-        GPUPromptVectorStore().persist(str(tmp_path / "empty"))
+    GPUPromptVectorStore().persist(str(tmp_path / "empty"))
+    assert GPUPromptVectorStore.from_persist_path(str(tmp_path / "empty")).client is None
     GPUPromptVectorStore(dim=8).persist(str(tmp_path / "empty-with-dim"))
     assert len(GPUPromptVectorStore.from_persist_path(str(tmp_path / "empty-with-dim")).client) == 0
 
