@@ -9,8 +9,8 @@ from __future__ import annotations
 import json
 import os
 import threading
-from pathlib import Path
 from collections.abc import Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from gpuprompt.bridge import off_loop

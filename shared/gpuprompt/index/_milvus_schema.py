@@ -15,7 +15,7 @@ from types import TracebackType
 from typing import Any
 
 from gpuprompt.errors import ConfigurationError, DependencyError, InvalidInputError, VectorStoreError, describe
-from gpuprompt.index._milvus_filters import FOLDED_SUFFIX, SCALAR_KINDS
+from gpuprompt.index._milvus_filters import FOLDED_SUFFIX, SCALAR_KINDS, literal
 from gpuprompt.validation import check_choice, check_int, check_number, check_str, fail
 
 __all__ = [
@@ -408,7 +408,7 @@ def check_rows(
     for i, (key, vector, document, metadata) in enumerate(zip(ids, vectors, documents, metadatas)):
         if _utf8(key) > MAX_ID_BYTES:
             raise InvalidInputError(f"'ids[{i}]' must be at most {MAX_ID_BYTES} bytes of UTF-8 in Milvus (got {_utf8(key)}).")
-        control = next((ch for ch in key if ord(ch) < 32 or ord(ch) == 127), None)
+        control = next((ch for ch in key if literal(ch) is None), None)  # what no id expression can spell
         if control is not None:
             raise InvalidInputError(
                 f"'ids[{i}]' holds a control character (U+{ord(control):04X}), which a Milvus expression cannot "

@@ -131,6 +131,23 @@ class ServerState:
         assert self.reranker is not None
         return self.reranker.model_id
 
+    def names(self, requested: str, kind: Literal["chat", "embedding", "rerank"]) -> bool:
+        """Whether ``requested`` names the served ``kind`` model: its served name when one is set,
+        else its full id or the id's last path segment."""
+        served = self.served_name(kind)
+        if requested == served:
+            return True
+        return getattr(self.config, SERVED_NAMES[kind]) is None and requested == served.rstrip("/").rsplit("/", 1)[-1]
+
+    def served_kinds(self) -> list[Literal["chat", "embedding", "rerank"]]:
+        """The kinds of the served models, in ``/v1/models``' order: chat (none with ``--chat-model
+        none``), embedding, then rerank (when one is loaded)."""
+        kinds: list[Literal["chat", "embedding", "rerank"]] = [] if self.llm is None else ["chat"]
+        kinds.append("embedding")
+        if self.reranker is not None:
+            kinds.append("rerank")
+        return kinds
+
     def check_model(self, requested: str | None, kind: Literal["chat", "embedding", "rerank"]) -> str:
         """The public id of the served ``kind`` model, after refusing a ``model`` that does not name
         it (unless the config allows any name): its served name when one is set, else its full id
@@ -140,10 +157,7 @@ class ServerState:
             ApiError: 404 ``model_not_found``.
         """
         served = self.served_name(kind)
-        if requested is None or not self.config.strict_model_names:
-            return served
-        named = getattr(self.config, SERVED_NAMES[kind]) is not None
-        if requested == served or (not named and requested == served.rstrip("/").rsplit("/", 1)[-1]):
+        if requested is None or not self.config.strict_model_names or self.names(requested, kind):
             return served
         raise ApiError(
             404,

@@ -9,7 +9,6 @@ carries ``id``, ``type`` and ``function.name``; later ones only ``function.argum
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import time
 import uuid

@@ -9,7 +9,6 @@ import time
 from fastapi import APIRouter
 from fastapi.responses import Response
 
-from gpuprompt.server._config import SERVED_NAMES
 from gpuprompt.server._http import json_response
 from gpuprompt.server._metrics import CONTENT_TYPE_LATEST
 from gpuprompt.server.errors import ApiError
@@ -23,27 +22,18 @@ router = APIRouter()
 
 
 async def _cards(server: ServerState) -> list[ModelCard]:
-    """The served models' cards, in :func:`_served`'s order, each with its length: the chat model's
-    window (its tokenizer and config, read once off the loop), the others' once they are loaded."""
-    lengths: list[int | None] = []
-    if server.llm is not None:
-        lengths.append(await asyncio.to_thread(lambda: server.require_llm().context_window))
-    lengths.append(server.embedder.max_length if server.embedder.loaded else None)
-    if server.reranker is not None:
-        lengths.append(server.reranker.max_length if server.reranker.loaded else None)
+    """The served models' cards, in :meth:`ServerState.served_kinds`' order, each with its length: the
+    chat model's window (its tokenizer and config, read once off the loop), the others' once loaded."""
     created = int(server.started)
-    return [ModelCard(id=model, created=created, max_model_len=length)
-            for model, length in zip(_served(server), lengths, strict=True)]
+    return [ModelCard(id=server.served_name(kind), created=created, max_model_len=await _length(server, kind))
+            for kind in server.served_kinds()]
 
 
-def _served(server: ServerState) -> list[str]:
-    """The served models' ids: the chat model (none with ``--chat-model none``), the embedding model,
-    then the rerank model."""
-    models = [] if server.llm is None else [server.served_name("chat")]
-    models.append(server.served_name("embedding"))
-    if server.reranker is not None:
-        models.append(server.served_name("rerank"))
-    return models
+async def _length(server: ServerState, kind: str) -> int | None:
+    if kind == "chat":
+        return await asyncio.to_thread(lambda: server.require_llm().context_window)
+    model = server.embedder if kind == "embedding" else server.reranker
+    return model.max_length if model is not None and model.loaded else None
 
 
 @router.get(HEALTH, response_model=HealthResponse, tags=["service"])
@@ -93,10 +83,9 @@ async def models(server: State) -> Response:
 @router.get(V1 + MODELS + "/{model_id:path}", response_model=ModelCard, tags=["openai"])
 @router.get(MODELS + "/{model_id:path}", response_model=ModelCard, tags=["openai"], include_in_schema=False)
 async def model(server: State, model_id: str) -> Response:
-    """One served model, by the id a request's ``model`` may name (see ``ServerState.check_model``)."""
-    named = {getattr(server.config, field) for field in SERVED_NAMES.values()} - {None}
-    for card in await _cards(server):
-        if model_id == card.id or (card.id not in named and model_id == card.id.rsplit("/", 1)[-1]):
+    """One served model, by the id a request's ``model`` may name (``ServerState.names``)."""
+    for kind, card in zip(server.served_kinds(), await _cards(server), strict=True):
+        if server.names(model_id, kind):
             return json_response(card)
     raise ApiError(404, f"model {model_id!r} is not served here; GET /v1/models lists the served models.",
                    param="model", code="model_not_found")
