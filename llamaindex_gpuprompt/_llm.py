@@ -22,6 +22,7 @@ from gpuprompt.errors import ConfigurationError, InputTypeError, InvalidInputErr
 from gpuprompt.llm import check_call_policy
 from gpuprompt.runtime import connect
 from gpuprompt.validation import configuration_error, read_aliases
+from gpuprompt.wire import EXTRA_SAMPLING
 from llama_index.core.base.llms.types import (
     ChatMessage,
     ChatResponse,
@@ -74,12 +75,7 @@ _CALL_OPTIONS = (
     "tool_choice",
     "parallel_tool_calls",
     "strict",
-    "top_k",
-    "min_p",
-    "presence_penalty",
-    "frequency_penalty",
-    "repetition_penalty",
-    "logit_bias",
+    *EXTRA_SAMPLING,  # top_k, min_p, the penalties, logit_bias, stop_token_ids, min_tokens, ignore_eos
     "guided_regex",
     "guided_choice",
 )
@@ -437,7 +433,7 @@ class GPUPromptLLM(StructuredOutputMixin, FunctionCallingLLM):
             **kwargs: per-call overrides: max_tokens, temperature, top_p, seed, stop, priority,
                 response_format (a JSON schema), truncate, tools (LlamaIndex tools, OpenAI tool
                 dicts or gpuprompt.ToolSpec), tool_choice, parallel_tool_calls, strict, and the
-                sampling fields of gpuprompt.GenerationRequest (top_k, min_p, ...).
+                sampling fields of gpuprompt.GenerationRequest (top_k, min_p, ..., min_tokens, ignore_eos).
 
         Raises:
             InvalidInputError: an unknown option, non-text content, or a bad option value.

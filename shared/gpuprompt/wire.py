@@ -240,6 +240,9 @@ EXTRA_SAMPLING: dict[str, Any] = {
     "frequency_penalty": 0.0,
     "repetition_penalty": 1.0,
     "logit_bias": None,
+    "stop_token_ids": (),
+    "min_tokens": 0,
+    "ignore_eos": False,
 }
 """The sampling fields beyond temperature and top_p, each with the value at which it is off: the
 engine refuses any other value on a backend that cannot honour it, the server reads them from the
@@ -261,6 +264,9 @@ def sampling_body(request: GenerationRequest) -> dict[str, Any]:
         if name == "logit_bias":
             if value:
                 body[name] = {str(token): bias for token, bias in value.items()}
+        elif name == "stop_token_ids":
+            if value:
+                body[name] = list(value)
         elif value != default:
             body[name] = value
     return body

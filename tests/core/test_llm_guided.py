@@ -48,6 +48,18 @@ def chat(**kwargs) -> GenerationRequest:
         ({"guided_choice": ["a", ""]}, InvalidInputError, r"'guided_choice\[1\]' must be a non-empty str"),
         ({"guided_choice": ["a"], "guided_regex": "a"}, InvalidInputError, "at most one of"),
         ({"guided_choice": ["a"], "response_format": {"type": "json_object"}}, InvalidInputError, "at most one of"),
+        ({"min_tokens": -1}, InvalidInputError, "'min_tokens' must be an int >= 0"),
+        ({"min_tokens": 2.0}, InvalidInputError, "'min_tokens'"),
+        ({"min_tokens": 17}, InvalidInputError, r"'min_tokens' must be at most 'max_tokens' \(16\)"),
+        ({"ignore_eos": 1}, InputTypeError, "'ignore_eos' must be a bool"),
+        ({"ignore_eos": True, "guided_regex": "a+"}, InvalidInputError, "'ignore_eos' cannot be combined"),
+        ({"ignore_eos": True, "tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]},
+         InvalidInputError, "'ignore_eos' cannot be combined"),
+        ({"stop_token_ids": 5}, InputTypeError, "'stop_token_ids' must be a list of token ids"),
+        ({"stop_token_ids": "5"}, InputTypeError, "'stop_token_ids' must be a list of token ids"),
+        ({"stop_token_ids": [1, -2]}, InvalidInputError, r"'stop_token_ids\[1\]' must be an int >= 0"),
+        ({"stop_token_ids": [True]}, InvalidInputError, r"'stop_token_ids\[0\]'"),
+        ({"stop_token_ids": list(range(1025))}, InvalidInputError, "at most 1024 ids"),
     ],
 )
 def test_bad_sampling_and_guided_fields_are_refused(kwargs, error, match) -> None:
@@ -62,6 +74,8 @@ def test_fields_are_normalised() -> None:
     assert isinstance(request.min_p, float) and request.top_k == 3
     assert chat(guided_regex="[a-z]+").guided == {"regex": "[a-z]+"}
     assert chat(logit_bias={}).logit_bias is None
+    assert chat(stop_token_ids=[7, 3, 7]).stop_token_ids == (7, 3)
+    assert chat(stop_token_ids=None).stop_token_ids == ()
 
 
 # ---------------------------------------------------------------------- constraints, both backends
@@ -125,6 +139,49 @@ def test_logit_bias_and_penalties_change_the_greedy_output(engine: LLMEngine) ->
 def test_logit_bias_outside_the_vocabulary_is_refused(engine: LLMEngine) -> None:
     with pytest.raises(InvalidInputError, match="logit_bias"):
         engine.generate([chat(logit_bias={10**9: 1.0})])
+
+
+# ---------------------------------------------------------------------- vLLM's end-of-reply fields, both backends
+SHORT = [{"role": "user", "content": "Say just the word yes."}]
+"""A prompt the bundled model answers in a few tokens, well before max_tokens."""
+
+
+def test_ignore_eos_generates_to_max_tokens(engine: LLMEngine) -> None:
+    plain, ignoring = engine.generate([chat(messages=SHORT, max_tokens=20),
+                                       chat(messages=SHORT, max_tokens=20, ignore_eos=True)])
+    assert plain.finish_reason == "stop" and plain.usage.completion_tokens < 10
+    assert ignoring.finish_reason == "length" and ignoring.usage.completion_tokens == 20
+    assert ignoring.text.startswith(plain.text) and len(ignoring.text) > len(plain.text)
+
+
+def test_min_tokens_holds_back_the_end_of_sequence_and_stop_strings(engine: LLMEngine) -> None:
+    plain, held, early_stop, held_stop = engine.generate([
+        chat(messages=SHORT, max_tokens=24),
+        chat(messages=SHORT, max_tokens=24, min_tokens=12),
+        chat(messages=SHORT, max_tokens=24, stop=["Yes"]),
+        chat(messages=SHORT, max_tokens=24, stop=["Yes"], min_tokens=4),
+    ])
+    assert plain.text.startswith("Yes") and plain.usage.completion_tokens < 12
+    assert held.usage.completion_tokens >= 12 and held.text.startswith(plain.text.rstrip("."))
+    assert early_stop.text == "" and early_stop.finish_reason == "stop"
+    # "Yes" is met in the first tokens, before min_tokens: only a later one may end the reply.
+    assert held_stop.text.startswith("Yes") and held_stop.usage.completion_tokens >= 4
+
+
+def test_stop_token_ids_end_the_reply_without_their_text(engine: LLMEngine) -> None:
+    tokenizer = engine._ensure_formatter().tokenizer
+    [greedy] = engine.generate([chat(max_tokens=12, ignore_eos=True)])
+    ids = tokenizer(greedy.text, add_special_tokens=False)["input_ids"]
+    second = next(i for i in range(1, len(ids)) if ids[i] not in ids[:i])  # a token not met before it
+    [stopped] = engine.generate([chat(max_tokens=12, ignore_eos=True, stop_token_ids=[ids[second]])])
+    assert stopped.finish_reason == "stop"
+    assert stopped.text == tokenizer.decode(ids[:second])
+    assert stopped.usage.completion_tokens == second + 1  # the stop token is counted, not shown
+
+
+def test_stop_token_ids_outside_the_vocabulary_are_refused(engine: LLMEngine) -> None:
+    with pytest.raises(InvalidInputError, match="stop_token_ids"):
+        engine.generate([chat(stop_token_ids=[10**9])])
 
 
 # ---------------------------------------------------------------------- prefix cache

@@ -367,6 +367,17 @@ def test_vllm_server_gets_token_ids_and_answers_as_its_own_chat_route(vllm_remot
     assert again.usage.cached_tokens >= 128
     stopped = vllm_remote.generate([GenerationRequest(messages=ASK, max_tokens=16, stop=[result.text.split()[2]])])[0]
     assert stopped.finish_reason == "stop" and result.text.startswith(stopped.text)
+    # vLLM's end-of-reply fields travel as its own fields: the same reply as its own chat route gives.
+    short = [{"role": "user", "content": "Say just the word yes."}]
+    replies = []
+    for fields in ({"ignore_eos": True}, {"min_tokens": 10}, {"ignore_eos": True, "stop_token_ids": [198]}):
+        ours = vllm_remote.generate([GenerationRequest(messages=short, max_tokens=16, **fields)])[0]
+        own = httpx.post(f"{vllm_server}/v1/chat/completions", timeout=120,
+                         json={"messages": short, "max_tokens": 16, "temperature": 0, **fields}).json()
+        assert (ours.text, ours.usage.completion_tokens) == \
+            (own["choices"][0]["message"]["content"], own["usage"]["completion_tokens"]), fields
+        replies.append(ours)
+    assert replies[0].usage.completion_tokens == 16 and replies[1].usage.completion_tokens >= 10
 
 
 @pytest.mark.vllm

@@ -81,6 +81,10 @@ def test_per_call_options_override_the_fields(li_llm) -> None:
     assert response.raw["usage"]["completion_tokens"] <= 3
     with pytest.raises(InvalidInputError, match=r"unknown GPUPromptLLM call option\(s\) \['bogus'\]"):
         li_llm.chat(USER, bogus=1)
+    # vLLM's end-of-reply fields are call options too: a reply of exactly max_tokens
+    fixed = li_llm.complete("Say just the word yes.", max_tokens=12, ignore_eos=True)
+    assert fixed.raw["usage"]["completion_tokens"] == 12 and fixed.raw["finish_reason"] == "length"
+    assert li_llm.complete("Say just the word yes.", max_tokens=12, min_tokens=8).raw["usage"]["completion_tokens"] >= 8
 
 
 def test_stream_chat_deltas_add_up_to_the_chat_reply(li_llm) -> None:

@@ -99,7 +99,9 @@ def test_streaming_sends_the_same_text_with_echo_and_usage(openai_client, server
         ({"prompt": PROMPT, "logit_bias": {"abc": 1}}, "logit_bias", "token ids"),
         ({"prompt": PROMPT, "logit_bias": {"12": 101}}, "logit_bias", "'logit_bias"),
         ({"prompt": "word " * 5000}, "prompt", "context"),
-        ({"prompt": PROMPT, "extra_body": {"ignore_eos": True}}, "ignore_eos", "vLLM sampling field"),
+        ({"prompt": PROMPT, "extra_body": {"ignore_eos": True, "guided_regex": "a+"}}, "ignore_eos",
+         "cannot be combined"),
+        ({"prompt": PROMPT, "extra_body": {"bad_words": ["the"]}}, "bad_words", "vLLM sampling field"),
     ],
 )
 def test_refused_fields_are_400_naming_the_field(openai_client, options, param, fragment) -> None:
@@ -109,6 +111,16 @@ def test_refused_fields_are_400_naming_the_field(openai_client, options, param, 
     assert info.value.param is not None and info.value.param.startswith(param), info.value.body
     assert fragment in info.value.message
     assert info.value.body["type"] == "invalid_request_error"
+
+
+def test_ignore_eos_gives_replies_of_max_tokens(openai_client) -> None:
+    """What ``vllm bench serve --ignore-eos`` sends to time replies of a fixed length."""
+    answer = openai_client.completions.create(model=CHAT, prompt=PROMPT, max_tokens=24, temperature=0,
+                                              extra_body={"ignore_eos": True})
+    assert answer.usage.completion_tokens == 24 and answer.choices[0].finish_reason == "length"
+    held = openai_client.completions.create(model=CHAT, prompt=PROMPT, max_tokens=24, temperature=0,
+                                            stop=["\n"], extra_body={"min_tokens": 16})
+    assert held.usage.completion_tokens >= 16
 
 
 def test_unknown_model_is_404(openai_client) -> None:

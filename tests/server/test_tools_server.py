@@ -234,6 +234,21 @@ def test_default_sampling_values_are_always_accepted(openai_client) -> None:
     assert response.choices[0].finish_reason in ("stop", "length")
 
 
+def test_vllm_end_of_reply_fields_run_as_in_process(openai_client, server_llm) -> None:
+    """``ignore_eos`` (what ``vllm bench serve --ignore-eos`` sends), ``min_tokens`` and
+    ``stop_token_ids`` reach the engine: the same replies as the in-process requests."""
+    from gpuprompt.llm import GenerationRequest
+
+    short = [{"role": "user", "content": "Say just the word yes."}]
+    cases = [{"ignore_eos": True}, {"min_tokens": 12}, {"ignore_eos": True, "stop_token_ids": [198]}]
+    local = server_llm.generate([GenerationRequest(messages=short, max_tokens=20, **case) for case in cases])
+    for case, expected in zip(cases, local):
+        served = _call(openai_client, messages=short, max_tokens=20, extra_body=case).choices[0]
+        assert served.message.content == expected.text and served.finish_reason == expected.finish_reason, case
+    assert local[0].finish_reason == "length" and local[0].usage.completion_tokens == 20
+    assert local[1].usage.completion_tokens >= 12
+
+
 def test_chat_template_kwargs_the_template_does_not_read_change_nothing(openai_client) -> None:
     """``{"enable_thinking": false}`` (what LiteLLM and Open WebUI send for Qwen3) is a no-op for a
     template without that switch, as in vLLM: accepted, same output (a key it reads is refused)."""
@@ -274,10 +289,14 @@ def test_vllm_structured_outputs_constrain_as_the_guided_fields(openai_client) -
         ({"top_k": -2}, "top_k", "'top_k'"),
         ({"repetition_penalty": 0}, "repetition_penalty", "repetition_penalty"),
         ({"guided_regex": "a+", "guided_choice": ["a"]}, "guided_choice", "at most one"),
-        # vLLM's own fields that change the output: refused, not ignored (a `vllm bench serve
-        # --ignore-eos` run would otherwise measure short replies)
-        ({"ignore_eos": True}, "ignore_eos", "vLLM sampling field"),
-        ({"min_tokens": 8}, "min_tokens", "vLLM sampling field"),
+        # vLLM's own fields that change the output: run, or refused, never ignored
+        ({"min_tokens": 8}, "min_tokens", "at most 'max_tokens' (2)"),
+        ({"min_tokens": -1}, "min_tokens", "'min_tokens'"),
+        ({"ignore_eos": "yes"}, "ignore_eos", "bool"),
+        ({"ignore_eos": True, "guided_choice": ["a"]}, "ignore_eos", "cannot be combined"),
+        ({"stop_token_ids": [-1]}, "stop_token_ids", "stop_token_ids"),
+        ({"stop_token_ids": [10**9]}, "stop_token_ids", "vocabulary"),
+        ({"skip_special_tokens": False}, "skip_special_tokens", "vLLM sampling field"),
         ({"continue_final_message": True}, "continue_final_message", "vLLM sampling field"),
         ({"bad_words": ["no"]}, "bad_words", "vLLM sampling field"),
         ({"structured_outputs": {"grammar": "root ::= 'a'"}}, "structured_outputs.grammar", "Extra inputs"),

@@ -17,8 +17,13 @@ from typing import Any, ClassVar
 
 from gpuprompt.llm._config import LLMConfig
 from gpuprompt.llm._job import Job
+from gpuprompt.wire import EXTRA_SAMPLING
 
-__all__ = ["Backend"]
+__all__ = ["ALL_SAMPLING_FIELDS", "Backend"]
+
+ALL_SAMPLING_FIELDS: frozenset[str] = frozenset(EXTRA_SAMPLING)
+"""Every optional sampling field (:data:`gpuprompt.wire.EXTRA_SAMPLING`): what a backend that
+honours them all declares as its ``sampling_fields``."""
 
 logger = logging.getLogger(__name__)
 

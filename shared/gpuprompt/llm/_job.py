@@ -78,6 +78,11 @@ class StopScanner:
         self._searched = len(text)
         return min(hits) if hits else None
 
+    def skip(self, text: str) -> None:
+        """Take ``text`` (the grown text) as searched without looking in it: a later :meth:`find`
+        matches only stop strings that end after it (as vLLM before ``min_tokens``)."""
+        self._searched = len(text)
+
 
 class Job:
     """One request's life in a backend and its event channel.

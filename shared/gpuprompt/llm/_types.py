@@ -58,6 +58,8 @@ MAX_LOGIT_BIAS = 4096
 """Most entries in ``logit_bias``."""
 MAX_CHOICES = 4096
 """Most options in ``guided_choice``."""
+MAX_STOP_TOKEN_IDS = 1024
+"""Most ids in ``stop_token_ids``."""
 _SESSION_ID = re.compile(r"[!-~](?:[ -~]{0,254}[!-~])?")
 
 
@@ -238,6 +240,16 @@ class GenerationRequest:
         seed: a sampling seed for reproducible sampled output.
         stop: strings that end generation; the matched string is not part of the text. A bare str
             counts as one stop string.
+        stop_token_ids: token ids that end generation as the end-of-sequence token does (the
+            token is not part of the text), as vLLM's ``stop_token_ids``.
+        min_tokens: generate at least this many tokens before the end-of-sequence token, a
+            ``stop_token_ids`` token or a stop string may end the reply (vLLM's ``min_tokens``;
+            a constrained output may still end sooner when its grammar allows nothing else).
+            At most ``max_tokens``.
+        ignore_eos: keep generating past the end-of-sequence token, until ``max_tokens``, a
+            ``stop_token_ids`` token or a stop string (vLLM's ``ignore_eos``: what throughput
+            benchmarks send to get replies of a fixed length). Not with an output constraint or
+            tools, whose end is the end of sequence.
         priority: lower is served first when the engine is busy.
         response_format: a JSON schema (or OpenAI's ``{"type": "json_schema", ...}`` /
             ``{"type": "json_object"}``) to constrain the output (guided decoding).
@@ -275,6 +287,9 @@ class GenerationRequest:
     logit_bias: Mapping[int, float] | None = None
     seed: int | None = None
     stop: Sequence[str] = ()
+    stop_token_ids: Sequence[int] = ()
+    min_tokens: int = 0
+    ignore_eos: bool = False
     priority: int = 0
     response_format: Mapping[str, Any] | None = None
     guided_regex: str | None = None
@@ -321,6 +336,14 @@ class GenerationRequest:
                 raise InvalidInputError(f"'stop[{index}]' must be a non-empty str (got {describe(item)}).")
             check_text(item, f"stop[{index}]")
         set_(self, "stop", tuple(stop))
+        set_(self, "stop_token_ids", _check_token_ids(self.stop_token_ids))
+        set_(self, "min_tokens", check_int(self.min_tokens, "min_tokens", min=0, max=MAX_TOKENS_LIMIT))
+        if self.min_tokens > self.max_tokens:
+            raise InvalidInputError(
+                f"'min_tokens' must be at most 'max_tokens' ({self.max_tokens}) (got {self.min_tokens}); raise "
+                "max_tokens or lower min_tokens."
+            )
+        set_(self, "ignore_eos", check_bool(self.ignore_eos, "ignore_eos"))
         set_(self, "priority", check_priority(self.priority))
         if not isinstance(self.truncate, str) or self.truncate not in ("error", "left"):
             raise InvalidInputError(f"'truncate' must be 'error' or 'left' (got {describe(self.truncate)}).")
@@ -355,6 +378,12 @@ class GenerationRequest:
                 f"'tool_choice' {self.tool_choice!r} forces a tool call, so the reply cannot also follow "
                 "'response_format'/'guided_regex'/'guided_choice'; use tool_choice='auto' (the constraint then "
                 "shapes the prose answer) or drop the constraint."
+            )
+        if self.ignore_eos and (guided or self.uses_tools):
+            raise InvalidInputError(
+                "'ignore_eos' cannot be combined with an output constraint or tools: a constrained reply ends "
+                "with the end-of-sequence token once complete, so nothing could follow it; drop ignore_eos (or "
+                "use min_tokens) or drop the constraint."
             )
         set_(self, "_guided", guided[0] if guided else None)
 
@@ -398,6 +427,17 @@ def _normalize_choice(value: Any) -> Mapping[str, Any] | None:
     for index, item in enumerate(value):
         check_str(item, f"guided_choice[{index}]", allow_empty=False, max_length=65536)
     return {"choice": list(dict.fromkeys(value))}
+
+
+def _check_token_ids(value: Any) -> tuple[int, ...]:
+    if value is None:
+        return ()
+    if isinstance(value, (str, bytes, Mapping)) or not isinstance(value, Sequence):
+        raise fail("stop_token_ids", "a list of token ids (int)", value, error=InputTypeError)
+    if len(value) > MAX_STOP_TOKEN_IDS:
+        raise InvalidInputError(f"'stop_token_ids' must hold at most {MAX_STOP_TOKEN_IDS} ids (got {len(value)}).")
+    return tuple(dict.fromkeys(check_int(token, f"stop_token_ids[{index}]", min=0, max=MAX_TOKENS_LIMIT)
+                               for index, token in enumerate(value)))
 
 
 def _check_logit_bias(value: Any) -> Mapping[int, float] | None:

@@ -27,8 +27,8 @@ from typing import Any
 
 from gpuprompt.errors import DependencyError, InvalidInputError
 
-__all__ = ["COMPACT", "GrammarCache", "GuidedProcessor", "PenaltyProcessor", "answer_or_calls_grammar",
-           "check_constraint", "choice_grammar", "constraints_to_check", "decoding_constraint"]
+__all__ = ["COMPACT", "GrammarCache", "GuidedProcessor", "MinTokensProcessor", "PenaltyProcessor",
+           "answer_or_calls_grammar", "check_constraint", "choice_grammar", "constraints_to_check", "decoding_constraint"]
 
 _FIELDS = {"json": "response_format", "json_object": "response_format", "regex": "guided_regex",
            "choice": "guided_choice", "grammar": "tools"}
@@ -311,6 +311,33 @@ class PenaltyProcessor:
                 for token, bias in request.logit_bias.items():
                     if token < width:
                         logits[token] += bias
+        return scores
+
+
+class MinTokensProcessor:
+    """vLLM's ``min_tokens``: a row with fewer than its ``min_tokens`` generated tokens cannot draw
+    one of its ending tokens (end of sequence, ``stop_token_ids``).
+
+    It runs after the grammar mask: when a constrained row's grammar allows nothing but an end
+    (the constrained output is complete), the end stays allowed rather than every token masked.
+
+    Args:
+        rows: the batch's rows (``min_tokens``, ``ends``, ``count``: tokens generated so far).
+    """
+
+    def __init__(self, rows: Sequence[Any]) -> None:
+        self.rows = rows
+
+    def __call__(self, input_ids: Any, scores: Any) -> Any:
+        import torch
+
+        width = scores.shape[-1]
+        for i, row in enumerate(self.rows):
+            if row.done or row.count >= row.min_tokens:
+                continue
+            ends = torch.tensor([t for t in row.ends if t < width], dtype=torch.long, device=scores.device)
+            masked = scores[i].index_fill(0, ends, -math.inf)
+            scores[i] = torch.where(torch.isfinite(masked).any(), masked, scores[i])
         return scores
 
 

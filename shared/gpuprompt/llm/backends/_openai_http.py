@@ -29,7 +29,7 @@ from gpuprompt.errors import (
     QueueFullError,
     RequestTimeoutError,
 )
-from gpuprompt.llm._backend import Backend
+from gpuprompt.llm._backend import ALL_SAMPLING_FIELDS, Backend
 from gpuprompt.llm._job import Job
 from gpuprompt.models import BUNDLED_CHAT_MODEL
 from gpuprompt.wire import COMPLETIONS, MODELS, api_root, guided_body, redact, sampling_body
@@ -58,9 +58,7 @@ class RemoteBackend(Backend):
 
     name: ClassVar[str] = "remote"
     supports_structured_output: ClassVar[bool] = True
-    sampling_fields: ClassVar[frozenset[str]] = frozenset(
-        {"top_k", "min_p", "presence_penalty", "frequency_penalty", "repetition_penalty", "logit_bias"}
-    )
+    sampling_fields: ClassVar[frozenset[str]] = ALL_SAMPLING_FIELDS
     guided_kinds: ClassVar[frozenset[str]] = frozenset({"json", "json_object", "regex", "choice"})
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:

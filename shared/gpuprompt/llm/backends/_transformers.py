@@ -31,12 +31,13 @@ from gpuprompt.errors import (
     InvalidInputError,
     ModelLoadError,
 )
-from gpuprompt.llm._backend import Backend
+from gpuprompt.llm._backend import ALL_SAMPLING_FIELDS, Backend
 from gpuprompt.llm._job import Job, StopScanner
 from gpuprompt.llm.backends._guided import (
     COMPACT,
     GrammarCache,
     GuidedProcessor,
+    MinTokensProcessor,
     PenaltyProcessor,
     RowSampler,
     constraints_to_check,
@@ -58,6 +59,8 @@ class _Row:
     job: Job
     stops: StopScanner  # its hold: characters held back while they could still begin a stop string
     max_tokens: int
+    ends: frozenset[int]  # the tokens that end it: end of sequence (unless ignore_eos) and stop_token_ids
+    min_tokens: int = 0  # until this many tokens, none of `ends` is drawn and no stop string is matched
     cached: int = 0  # prompt tokens whose keys and values came from the prefix cache
     ids: list[int] = field(default_factory=list)
     count: int = 0  # generated tokens, the end-of-sequence token included
@@ -70,10 +73,9 @@ class _RowTracker:
     """Per-step hook of ``generate`` (a stopping criterion): decodes each row's new token,
     streams its text, and stops rows on end of sequence, stop strings, budget or cancellation."""
 
-    def __init__(self, rows: list[_Row], tokenizer: Any, eos_ids: frozenset[int]) -> None:
+    def __init__(self, rows: list[_Row], tokenizer: Any) -> None:
         self.rows = rows
         self.tokenizer = tokenizer
-        self.eos_ids = eos_ids
 
     def __call__(self, input_ids: Any, scores: Any, **kwargs: Any) -> Any:
         import torch
@@ -94,13 +96,14 @@ class _RowTracker:
             return
         job.mark_first_token(now)
         row.count += 1
-        if token in self.eos_ids:
+        if token in row.ends:
             self._end(row, "stop")
             return
         row.ids.append(token)
         text = self.tokenizer.decode(row.ids, skip_special_tokens=True)
         row.text = text
-        hit = row.stops.find(text)
+        # As vLLM: stop strings are looked for once the reply has more than min_tokens tokens.
+        hit = row.stops.find(text) if row.count > row.min_tokens else row.stops.skip(text)
         if hit is not None:
             row.text = text[:hit]
             self._end(row, "stop")
@@ -140,9 +143,7 @@ class TransformersBackend(Backend):
 
     name: ClassVar[str] = "transformers"
     supports_structured_output: ClassVar[bool] = True
-    sampling_fields: ClassVar[frozenset[str]] = frozenset(
-        {"top_k", "min_p", "presence_penalty", "frequency_penalty", "repetition_penalty", "logit_bias"}
-    )
+    sampling_fields: ClassVar[frozenset[str]] = ALL_SAMPLING_FIELDS
     guided_kinds: ClassVar[frozenset[str]] = frozenset({"json", "json_object", "regex", "choice"})
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -228,14 +229,13 @@ class TransformersBackend(Backend):
 
     def check(self, prepared: Any) -> None:
         """Compile the request's constraint now (cached), so a bad one fails at the caller's line,
-        and refuse ``logit_bias`` ids outside the vocabulary."""
-        bias = prepared.request.logit_bias
-        if bias:
-            bad = [token for token in bias if token >= self._vocab_size]
+        and refuse ``logit_bias`` / ``stop_token_ids`` ids outside the vocabulary."""
+        for name, tokens in (("'logit_bias' keys", prepared.request.logit_bias or ()),
+                             ("'stop_token_ids'", prepared.request.stop_token_ids)):
+            bad = [token for token in tokens if token >= self._vocab_size]
             if bad:
                 raise InvalidInputError(
-                    f"'logit_bias' keys must be token ids below the vocabulary size {self._vocab_size} "
-                    f"(got {bad[:5]})."
+                    f"{name} must be token ids below the vocabulary size {self._vocab_size} (got {bad[:5]})."
                 )
         for guided, name in constraints_to_check(prepared, COMPACT):
             self._grammar_cache().compile(guided, name)
@@ -387,16 +387,22 @@ class TransformersBackend(Backend):
             attention[i, index] = 1
         rows = []
         for job, hit in zip(jobs, cached):
-            # a reply with tools has none here: the job matches them in its prose
-            rows.append(_Row(job, StopScanner(job.backend_stops), job.prepared.max_tokens, hit))
-        tracker = _RowTracker(rows, self._tokenizer, self._eos)
+            request = job.prepared.request
+            ends = frozenset(request.stop_token_ids) | (frozenset() if request.ignore_eos else self._eos)
+            # a reply with tools has no stop strings here: the job matches them in its prose
+            rows.append(_Row(job, StopScanner(job.backend_stops), job.prepared.max_tokens, ends,
+                             min(request.min_tokens, job.prepared.max_tokens), hit))
+        tracker = _RowTracker(rows, self._tokenizer)
         # Greedy for generate itself: sampled rows are drawn by RowSampler, each with its own
-        # settings and seed, so one batch holds any mix of sampling settings.
+        # settings and seed, so one batch holds any mix of sampling settings. Each row's end is the
+        # tracker's (end of sequence, stop_token_ids, ignore_eos): an empty eos_token_id keeps
+        # generate from ending rows itself (None would take the model's) while it still pads the
+        # rows the tracker ended.
         config = GenerationConfig(
             max_new_tokens=max(job.prepared.max_tokens for job in jobs),
             do_sample=False,
             pad_token_id=self._pad,
-            eos_token_id=sorted(self._eos),
+            eos_token_id=[],
         )
         processors = LogitsProcessorList()
         if any(PenaltyProcessor.wanted(job.prepared.request) for job in jobs):
@@ -407,6 +413,8 @@ class TransformersBackend(Backend):
             constraints = [decoding_constraint(job.prepared, COMPACT) for job in jobs]
             matchers = [None if c is None else cache.matcher(cache.compile(c)) for c in constraints]
             processors.append(GuidedProcessor(rows, matchers, cache))
+        if any(row.min_tokens for row in rows):
+            processors.append(MinTokensProcessor(rows))  # after the grammar: it may still end a reply
         if any(RowSampler.wanted(job.prepared.request) for job in jobs):
             processors.append(RowSampler(rows, self.device))  # last: it draws from the final logits
         past = plan.past if plan is not None else None

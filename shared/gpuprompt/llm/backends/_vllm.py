@@ -27,7 +27,7 @@ from gpuprompt.errors import (
     InvalidInputError,
     ModelLoadError,
 )
-from gpuprompt.llm._backend import Backend
+from gpuprompt.llm._backend import ALL_SAMPLING_FIELDS, Backend
 from gpuprompt.llm._job import Job
 from gpuprompt.llm.backends._spawn import no_main_reimport
 
@@ -54,9 +54,7 @@ class VLLMBackend(Backend):
 
     name: ClassVar[str] = "vllm"
     supports_structured_output: ClassVar[bool] = True
-    sampling_fields: ClassVar[frozenset[str]] = frozenset(
-        {"top_k", "min_p", "presence_penalty", "frequency_penalty", "repetition_penalty", "logit_bias"}
-    )
+    sampling_fields: ClassVar[frozenset[str]] = ALL_SAMPLING_FIELDS
     guided_kinds: ClassVar[frozenset[str]] = frozenset({"json", "json_object", "regex", "choice"})
 
     def check(self, prepared: Any) -> None:
@@ -205,6 +203,10 @@ class VLLMBackend(Backend):
             "seed": request.seed,
             # A reply with tools: the job matches the stop strings in its prose, not vLLM in the raw text.
             "stop": list(job.backend_stops) or None,
+            "stop_token_ids": list(request.stop_token_ids) or None,
+            # the fitted max_tokens may be below the request's (the context window's room)
+            "min_tokens": min(request.min_tokens, job.prepared.max_tokens),
+            "ignore_eos": request.ignore_eos,
             "output_kind": self._vllm["DELTA"],
         }
         if request.logit_bias:

@@ -132,7 +132,7 @@ def chat_request(
         raise _unsupported("n", f"'n' must be 1 when 'stream' is true (got {body.n}); stream one choice per request.")
     return GenerationRequest(
         messages=[message.core() for message in body.messages],
-        max_tokens=body.max_completion_tokens or body.max_tokens or server.config.default_max_tokens,
+        max_tokens=body.max_tokens_or(body.max_completion_tokens or body.max_tokens, server.config.default_max_tokens),
         seed=_seed(body.seed, index),
         request_id=f"{request_id}-{index}",
         session_id=session_id,
@@ -182,7 +182,7 @@ def completion_requests(
     return [
         GenerationRequest(
             prompt=prompt,
-            max_tokens=body.max_tokens or server.config.default_max_tokens,
+            max_tokens=body.max_tokens_or(body.max_tokens, server.config.default_max_tokens),
             seed=_seed(body.seed, index),
             request_id=f"{request_id}-{index}",
             session_id=session_id,

@@ -41,6 +41,7 @@ from gpuprompt.server.schemas.base import (
     _run,
 )
 from gpuprompt.validation import check_number
+from gpuprompt.wire import MAX_TOKENS_LIMIT
 
 __all__ = [
     "MAX_LOGIT_BIAS",
@@ -60,6 +61,12 @@ MAX_LOGIT_BIAS = 1024
 MAX_TOKEN_ID = 2**31 - 1
 """The largest token id accepted in ``logit_bias`` (the engine checks it against its vocabulary)."""
 
+MAX_STOP_TOKEN_IDS = 1024
+"""Most ``stop_token_ids`` per request."""
+TokenId = _int(0, MAX_TOKEN_ID)
+"""A token id of the served model's tokenizer (the engine checks it against its vocabulary)."""
+MinTokens = _int(0, MAX_TOKENS_LIMIT)
+"""A number of tokens to generate at least."""
 TopK = _int(-1, MAX_TOKEN_ID)
 """Sample from the ``k`` most likely tokens; 0 or -1 (vLLM's spelling) turns it off."""
 MinP = _number(0.0, 1.0)
@@ -153,12 +160,9 @@ class ResponseFormat(_OpenAIRequest):
 
 
 _VLLM_OFF: dict[str, tuple[Any, ...]] = {
-    "ignore_eos": (False,),
-    "min_tokens": (0,),
     "include_stop_str_in_output": (False,),
     "skip_special_tokens": (True,),
     "spaces_between_special_tokens": (True,),
-    "stop_token_ids": ([],),
     "bad_words": ([],),
     "allowed_token_ids": (),
     "truncate_prompt_tokens": (),
@@ -179,8 +183,8 @@ _VLLM_OFF: dict[str, tuple[Any, ...]] = {
 }
 """vLLM's own request fields that change the output and that this server does not run, each with the
 values that ask for nothing (``null`` always does). Sent with another value, the field is refused
-(400 naming it) rather than ignored: a ``vllm bench serve --ignore-eos`` run or a ``min_tokens``
-would otherwise silently measure or get something else."""
+(400 naming it) rather than ignored: a ``skip_special_tokens: false`` or a ``bad_words`` list would
+otherwise silently get something else."""
 
 
 class _Sampling(_OpenAIRequest):
@@ -208,6 +212,14 @@ class _Sampling(_OpenAIRequest):
     """Sampling seed."""
     stop: StopText | list[StopText] | None = None
     """Up to 16 non-empty strings that end generation."""
+    stop_token_ids: list[TokenId] | None = Field(None, max_length=MAX_STOP_TOKEN_IDS)
+    """vLLM extension: token ids that end generation as the end-of-sequence token does (not shown)."""
+    min_tokens: MinTokens = 0
+    """vLLM extension: tokens generated before the end of sequence, a ``stop_token_ids`` token or a
+    stop string may end the reply."""
+    ignore_eos: StrictBool = False
+    """vLLM extension: generate past the end-of-sequence token, until ``max_tokens`` (what
+    ``vllm bench serve --ignore-eos`` sends); not with an output constraint or tools."""
     response_format: ResponseFormat | None = None
     """Constrain the output to JSON (guided decoding)."""
     guided_json: JSONObject | None = None
@@ -314,7 +326,18 @@ class _Sampling(_OpenAIRequest):
                 options[name] = getattr(self, name)
         if self.logit_bias:
             options["logit_bias"] = {int(k): float(v) for k, v in self.logit_bias.items()}
+        if self.stop_token_ids:
+            options["stop_token_ids"] = list(self.stop_token_ids)
+        if self.min_tokens:
+            options["min_tokens"] = self.min_tokens
+        if self.ignore_eos:
+            options["ignore_eos"] = True
         return options
+
+    def max_tokens_or(self, requested: int | None, default: int) -> int:
+        """``max_tokens`` of the core request: the one ``requested``, else the server's ``default``
+        raised to ``min_tokens`` (vLLM's default is the whole room; the engine caps it by the room)."""
+        return requested or max(default, self.min_tokens)
 
     @model_validator(mode="after")
     def _one_constraint(self) -> _Sampling:
