@@ -75,7 +75,7 @@ _CALL_OPTIONS = (
     "tool_choice",
     "parallel_tool_calls",
     "strict",
-    *EXTRA_SAMPLING,  # top_k, min_p, the penalties, logit_bias, stop_token_ids, min_tokens, ignore_eos
+    *EXTRA_SAMPLING,  # top_k, min_p, the penalties, logit_bias and vLLM's end-of-reply fields
     "guided_regex",
     "guided_choice",
 )
@@ -433,7 +433,7 @@ class GPUPromptLLM(StructuredOutputMixin, FunctionCallingLLM):
             **kwargs: per-call overrides: max_tokens, temperature, top_p, seed, stop, priority,
                 response_format (a JSON schema), truncate, tools (LlamaIndex tools, OpenAI tool
                 dicts or gpuprompt.ToolSpec), tool_choice, parallel_tool_calls, strict, and the
-                sampling fields of gpuprompt.GenerationRequest (top_k, min_p, ..., min_tokens, ignore_eos).
+                sampling fields of gpuprompt.GenerationRequest (top_k, min_p, ..., ignore_eos).
 
         Raises:
             InvalidInputError: an unknown option, non-text content, or a bad option value.

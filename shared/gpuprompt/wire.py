@@ -243,6 +243,8 @@ EXTRA_SAMPLING: dict[str, Any] = {
     "stop_token_ids": (),
     "min_tokens": 0,
     "ignore_eos": False,
+    "include_stop_str_in_output": False,
+    "skip_special_tokens": True,
 }
 """The sampling fields beyond temperature and top_p, each with the value at which it is off: the
 engine refuses any other value on a backend that cannot honour it, the server reads them from the

@@ -60,6 +60,13 @@ def chat(**kwargs) -> GenerationRequest:
         ({"stop_token_ids": [1, -2]}, InvalidInputError, r"'stop_token_ids\[1\]' must be an int >= 0"),
         ({"stop_token_ids": [True]}, InvalidInputError, r"'stop_token_ids\[0\]'"),
         ({"stop_token_ids": list(range(1025))}, InvalidInputError, "at most 1024 ids"),
+        ({"include_stop_str_in_output": "yes"}, InputTypeError, "'include_stop_str_in_output' must be a bool"),
+        ({"skip_special_tokens": None}, InputTypeError, "'skip_special_tokens' must be a bool"),
+        ({"skip_special_tokens": False, "tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]},
+         InvalidInputError, "'skip_special_tokens' cannot be combined with tools"),
+        ({"include_stop_str_in_output": True,
+          "tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]},
+         InvalidInputError, "'include_stop_str_in_output' cannot be combined with tools"),
     ],
 )
 def test_bad_sampling_and_guided_fields_are_refused(kwargs, error, match) -> None:
@@ -177,6 +184,24 @@ def test_stop_token_ids_end_the_reply_without_their_text(engine: LLMEngine) -> N
     assert stopped.finish_reason == "stop"
     assert stopped.text == tokenizer.decode(ids[:second])
     assert stopped.usage.completion_tokens == second + 1  # the stop token is counted, not shown
+
+
+def test_include_stop_str_in_output_and_special_tokens(engine: LLMEngine) -> None:
+    tokenizer = engine._ensure_formatter().tokenizer
+    newline = tokenizer("\n", add_special_tokens=False)["input_ids"]
+    assert len(newline) == 1
+    cut, kept, token_cut, token_kept, plain, special = engine.generate([
+        chat(messages=SHORT, max_tokens=16, stop=["."]),
+        chat(messages=SHORT, max_tokens=16, stop=["."], include_stop_str_in_output=True),
+        chat(messages=SHORT, max_tokens=16, ignore_eos=True, stop_token_ids=newline),
+        chat(messages=SHORT, max_tokens=16, ignore_eos=True, stop_token_ids=newline, include_stop_str_in_output=True),
+        chat(messages=SHORT, max_tokens=16, ignore_eos=True),
+        chat(messages=SHORT, max_tokens=16, ignore_eos=True, skip_special_tokens=False),
+    ])
+    assert cut.finish_reason == kept.finish_reason == "stop" and kept.text == cut.text + "."
+    assert token_kept.text == token_cut.text + "\n" and token_kept.finish_reason == "stop"
+    assert tokenizer.eos_token not in plain.text and tokenizer.eos_token in special.text
+    assert special.text.replace(tokenizer.eos_token, "").startswith(plain.text.split("\n")[0])
 
 
 def test_stop_token_ids_outside_the_vocabulary_are_refused(engine: LLMEngine) -> None:

@@ -370,7 +370,9 @@ def test_vllm_server_gets_token_ids_and_answers_as_its_own_chat_route(vllm_remot
     # vLLM's end-of-reply fields travel as its own fields: the same reply as its own chat route gives.
     short = [{"role": "user", "content": "Say just the word yes."}]
     replies = []
-    for fields in ({"ignore_eos": True}, {"min_tokens": 10}, {"ignore_eos": True, "stop_token_ids": [198]}):
+    for fields in ({"ignore_eos": True}, {"min_tokens": 10}, {"ignore_eos": True, "stop_token_ids": [198]},
+                   {"stop": ["."], "include_stop_str_in_output": True},
+                   {"ignore_eos": True, "skip_special_tokens": False}):
         ours = vllm_remote.generate([GenerationRequest(messages=short, max_tokens=16, **fields)])[0]
         own = httpx.post(f"{vllm_server}/v1/chat/completions", timeout=120,
                          json={"messages": short, "max_tokens": 16, "temperature": 0, **fields}).json()

@@ -260,10 +260,12 @@ def test_truncate_left_drops_the_oldest_turns_on_the_server_as_in_process(live, 
 
 
 def test_vllm_end_of_reply_fields_travel_and_run_as_in_process(live, remote_llm_engine) -> None:
-    """``ignore_eos``, ``min_tokens`` and ``stop_token_ids`` reach the server's engine: a RemoteLLM
+    """vLLM's end-of-reply fields (``ignore_eos``, ``min_tokens``, ``stop_token_ids``,
+    ``include_stop_str_in_output``, ``skip_special_tokens``) reach the server's engine: a RemoteLLM
     gets the replies the engine gives in process."""
     short = [{"role": "user", "content": "Say just the word yes."}]
-    cases = [{"ignore_eos": True}, {"min_tokens": 10}, {"ignore_eos": True, "stop_token_ids": [198]}]
+    cases = [{"ignore_eos": True}, {"min_tokens": 10}, {"ignore_eos": True, "stop_token_ids": [198]},
+             {"stop": ["."], "include_stop_str_in_output": True}, {"ignore_eos": True, "skip_special_tokens": False}]
     requests = [GenerationRequest(messages=short, max_tokens=16, **case) for case in cases]
     far = RemoteLLM(live.url).generate(requests)
     near = remote_llm_engine.generate(requests)

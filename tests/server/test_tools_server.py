@@ -235,12 +235,14 @@ def test_default_sampling_values_are_always_accepted(openai_client) -> None:
 
 
 def test_vllm_end_of_reply_fields_run_as_in_process(openai_client, server_llm) -> None:
-    """``ignore_eos`` (what ``vllm bench serve --ignore-eos`` sends), ``min_tokens`` and
-    ``stop_token_ids`` reach the engine: the same replies as the in-process requests."""
+    """``ignore_eos`` (what ``vllm bench serve --ignore-eos`` sends), ``min_tokens``,
+    ``stop_token_ids``, ``include_stop_str_in_output`` and ``skip_special_tokens`` reach the
+    engine: the same replies as the in-process requests."""
     from gpuprompt.llm import GenerationRequest
 
     short = [{"role": "user", "content": "Say just the word yes."}]
-    cases = [{"ignore_eos": True}, {"min_tokens": 12}, {"ignore_eos": True, "stop_token_ids": [198]}]
+    cases = [{"ignore_eos": True}, {"min_tokens": 12}, {"ignore_eos": True, "stop_token_ids": [198]},
+             {"stop": ["."], "include_stop_str_in_output": True}, {"ignore_eos": True, "skip_special_tokens": False}]
     local = server_llm.generate([GenerationRequest(messages=short, max_tokens=20, **case) for case in cases])
     for case, expected in zip(cases, local):
         served = _call(openai_client, messages=short, max_tokens=20, extra_body=case).choices[0]
@@ -296,7 +298,8 @@ def test_vllm_structured_outputs_constrain_as_the_guided_fields(openai_client) -
         ({"ignore_eos": True, "guided_choice": ["a"]}, "ignore_eos", "cannot be combined"),
         ({"stop_token_ids": [-1]}, "stop_token_ids", "stop_token_ids"),
         ({"stop_token_ids": [10**9]}, "stop_token_ids", "vocabulary"),
-        ({"skip_special_tokens": False}, "skip_special_tokens", "vLLM sampling field"),
+        ({"skip_special_tokens": False, "tools": [WEATHER]}, "skip_special_tokens", "cannot be combined with tools"),
+        ({"spaces_between_special_tokens": False}, "spaces_between_special_tokens", "vLLM sampling field"),
         ({"continue_final_message": True}, "continue_final_message", "vLLM sampling field"),
         ({"bad_words": ["no"]}, "bad_words", "vLLM sampling field"),
         ({"structured_outputs": {"grammar": "root ::= 'a'"}}, "structured_outputs.grammar", "Extra inputs"),

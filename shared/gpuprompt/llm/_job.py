@@ -71,12 +71,17 @@ class StopScanner:
 
     def find(self, text: str) -> int | None:
         """Where the first stop string begins in ``text`` (the grown text), or None."""
+        match = self.match(text)
+        return None if match is None else match[0]
+
+    def match(self, text: str) -> tuple[int, str] | None:
+        """The first stop string in ``text`` (the grown text) and where it begins, or None."""
         if not self.stops:
             return None
         start = max(0, self._searched - self.hold)
-        hits = [i for i in (text.find(s, start) for s in self.stops) if i >= 0]
+        hits = [(i, s) for i, s in ((text.find(s, start), s) for s in self.stops) if i >= 0]
         self._searched = len(text)
-        return min(hits) if hits else None
+        return min(hits, key=lambda hit: hit[0]) if hits else None
 
     def skip(self, text: str) -> None:
         """Take ``text`` (the grown text) as searched without looking in it: a later :meth:`find`

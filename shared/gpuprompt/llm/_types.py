@@ -250,6 +250,10 @@ class GenerationRequest:
             ``stop_token_ids`` token or a stop string (vLLM's ``ignore_eos``: what throughput
             benchmarks send to get replies of a fixed length). Not with an output constraint or
             tools, whose end is the end of sequence.
+        include_stop_str_in_output: keep the stop string that ended the reply (and a
+            ``stop_token_ids`` token's text) in the text (vLLM's field). Not with tools.
+        skip_special_tokens: leave the tokenizer's special tokens out of the text (True, as
+            vLLM); False keeps them (what a reasoning model's markers may need). Not with tools.
         priority: lower is served first when the engine is busy.
         response_format: a JSON schema (or OpenAI's ``{"type": "json_schema", ...}`` /
             ``{"type": "json_object"}``) to constrain the output (guided decoding).
@@ -290,6 +294,8 @@ class GenerationRequest:
     stop_token_ids: Sequence[int] = ()
     min_tokens: int = 0
     ignore_eos: bool = False
+    include_stop_str_in_output: bool = False
+    skip_special_tokens: bool = True
     priority: int = 0
     response_format: Mapping[str, Any] | None = None
     guided_regex: str | None = None
@@ -344,6 +350,9 @@ class GenerationRequest:
                 "max_tokens or lower min_tokens."
             )
         set_(self, "ignore_eos", check_bool(self.ignore_eos, "ignore_eos"))
+        set_(self, "include_stop_str_in_output", check_bool(self.include_stop_str_in_output,
+                                                            "include_stop_str_in_output"))
+        set_(self, "skip_special_tokens", check_bool(self.skip_special_tokens, "skip_special_tokens"))
         set_(self, "priority", check_priority(self.priority))
         if not isinstance(self.truncate, str) or self.truncate not in ("error", "left"):
             raise InvalidInputError(f"'truncate' must be 'error' or 'left' (got {describe(self.truncate)}).")
@@ -379,6 +388,13 @@ class GenerationRequest:
                 "'response_format'/'guided_regex'/'guided_choice'; use tool_choice='auto' (the constraint then "
                 "shapes the prose answer) or drop the constraint."
             )
+        for name, asked in (("include_stop_str_in_output", self.include_stop_str_in_output),
+                            ("skip_special_tokens", not self.skip_special_tokens)):
+            if asked and self.uses_tools:
+                raise InvalidInputError(
+                    f"'{name}' cannot be combined with tools: a reply with tools is parsed into prose and "
+                    f"calls, which would carry the model's raw markers; drop '{name}' or the tools."
+                )
         if self.ignore_eos and (guided or self.uses_tools):
             raise InvalidInputError(
                 "'ignore_eos' cannot be combined with an output constraint or tools: a constrained reply ends "

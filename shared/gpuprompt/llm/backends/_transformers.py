@@ -96,16 +96,21 @@ class _RowTracker:
             return
         job.mark_first_token(now)
         row.count += 1
+        request = job.prepared.request
         if token in row.ends:
+            if request.include_stop_str_in_output:  # as vLLM: the stop token's text (if it has one) stays
+                row.ids.append(token)
+                row.text = self.tokenizer.decode(row.ids, skip_special_tokens=request.skip_special_tokens)
             self._end(row, "stop")
             return
         row.ids.append(token)
-        text = self.tokenizer.decode(row.ids, skip_special_tokens=True)
+        text = self.tokenizer.decode(row.ids, skip_special_tokens=request.skip_special_tokens)
         row.text = text
         # As vLLM: stop strings are looked for once the reply has more than min_tokens tokens.
-        hit = row.stops.find(text) if row.count > row.min_tokens else row.stops.skip(text)
+        hit = row.stops.match(text) if row.count > row.min_tokens else row.stops.skip(text)
         if hit is not None:
-            row.text = text[:hit]
+            at, stop = hit
+            row.text = text[: at + len(stop) if request.include_stop_str_in_output else at]
             self._end(row, "stop")
             return
         if row.count >= row.max_tokens:

@@ -207,6 +207,8 @@ class VLLMBackend(Backend):
             # the fitted max_tokens may be below the request's (the context window's room)
             "min_tokens": min(request.min_tokens, job.prepared.max_tokens),
             "ignore_eos": request.ignore_eos,
+            "include_stop_str_in_output": request.include_stop_str_in_output,
+            "skip_special_tokens": request.skip_special_tokens,
             "output_kind": self._vllm["DELTA"],
         }
         if request.logit_bias:

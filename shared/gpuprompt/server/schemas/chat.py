@@ -41,7 +41,7 @@ from gpuprompt.server.schemas.base import (
     _run,
 )
 from gpuprompt.validation import check_number
-from gpuprompt.wire import MAX_TOKENS_LIMIT
+from gpuprompt.wire import EXTRA_SAMPLING, MAX_TOKENS_LIMIT
 
 __all__ = [
     "MAX_LOGIT_BIAS",
@@ -160,8 +160,6 @@ class ResponseFormat(_OpenAIRequest):
 
 
 _VLLM_OFF: dict[str, tuple[Any, ...]] = {
-    "include_stop_str_in_output": (False,),
-    "skip_special_tokens": (True,),
     "spaces_between_special_tokens": (True,),
     "bad_words": ([],),
     "allowed_token_ids": (),
@@ -183,8 +181,8 @@ _VLLM_OFF: dict[str, tuple[Any, ...]] = {
 }
 """vLLM's own request fields that change the output and that this server does not run, each with the
 values that ask for nothing (``null`` always does). Sent with another value, the field is refused
-(400 naming it) rather than ignored: a ``skip_special_tokens: false`` or a ``bad_words`` list would
-otherwise silently get something else."""
+(400 naming it) rather than ignored: a ``bad_words`` list or ``allowed_token_ids`` would otherwise
+silently get something else."""
 
 
 class _Sampling(_OpenAIRequest):
@@ -220,6 +218,10 @@ class _Sampling(_OpenAIRequest):
     ignore_eos: StrictBool = False
     """vLLM extension: generate past the end-of-sequence token, until ``max_tokens`` (what
     ``vllm bench serve --ignore-eos`` sends); not with an output constraint or tools."""
+    include_stop_str_in_output: StrictBool = False
+    """vLLM extension: keep the stop string (or stop token's text) that ended the reply."""
+    skip_special_tokens: StrictBool = True
+    """vLLM extension: false keeps the tokenizer's special tokens in the text."""
     response_format: ResponseFormat | None = None
     """Constrain the output to JSON (guided decoding)."""
     guided_json: JSONObject | None = None
@@ -320,18 +322,13 @@ class _Sampling(_OpenAIRequest):
         # default value asks for nothing, so a client that always sends the defaults (Dify) works.
         if self.top_k not in (0, -1):
             options["top_k"] = self.top_k
-        for name, off in (("min_p", 0.0), ("presence_penalty", 0.0), ("frequency_penalty", 0.0),
-                          ("repetition_penalty", 1.0)):
-            if getattr(self, name) != off:
-                options[name] = getattr(self, name)
         if self.logit_bias:
             options["logit_bias"] = {int(k): float(v) for k, v in self.logit_bias.items()}
         if self.stop_token_ids:
             options["stop_token_ids"] = list(self.stop_token_ids)
-        if self.min_tokens:
-            options["min_tokens"] = self.min_tokens
-        if self.ignore_eos:
-            options["ignore_eos"] = True
+        for name, off in EXTRA_SAMPLING.items():  # the other sampling fields are spelled as in the core
+            if name not in ("top_k", "logit_bias", "stop_token_ids") and getattr(self, name) != off:
+                options[name] = getattr(self, name)
         return options
 
     def max_tokens_or(self, requested: int | None, default: int) -> int:
