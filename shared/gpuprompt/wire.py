@@ -77,7 +77,7 @@ from gpuprompt.errors import (
     UnsupportedFeatureError,
     VectorStoreError,
 )
-from gpuprompt.llm._types import MAX_TOKENS_LIMIT
+from gpuprompt.llm._types import MAX_STOP_TOKEN_IDS, MAX_TOKENS_LIMIT
 from gpuprompt.validation import check_json
 
 if TYPE_CHECKING:
@@ -105,6 +105,7 @@ __all__ = [
     "MAX_RECORD_ID_LENGTH",
     "MAX_RERANK_DOCUMENTS",
     "MAX_SEARCHES_PER_REQUEST",
+    "MAX_STOP_TOKEN_IDS",
     "MAX_TOKENS_LIMIT",
     "MAX_TURNS_PER_REQUEST",
     "METRICS",

@@ -41,7 +41,7 @@ from gpuprompt.server.schemas.base import (
     _run,
 )
 from gpuprompt.validation import check_number
-from gpuprompt.wire import EXTRA_SAMPLING, MAX_TOKENS_LIMIT
+from gpuprompt.wire import EXTRA_SAMPLING, MAX_STOP_TOKEN_IDS, MAX_TOKENS_LIMIT
 
 __all__ = [
     "MAX_LOGIT_BIAS",
@@ -61,8 +61,6 @@ MAX_LOGIT_BIAS = 1024
 MAX_TOKEN_ID = 2**31 - 1
 """The largest token id accepted in ``logit_bias`` (the engine checks it against its vocabulary)."""
 
-MAX_STOP_TOKEN_IDS = 1024
-"""Most ``stop_token_ids`` per request."""
 TokenId = _int(0, MAX_TOKEN_ID)
 """A token id of the served model's tokenizer (the engine checks it against its vocabulary)."""
 MinTokens = _int(0, MAX_TOKENS_LIMIT)
