@@ -67,6 +67,8 @@ def chat(**kwargs) -> GenerationRequest:
         ({"include_stop_str_in_output": True,
           "tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]},
          InvalidInputError, "'include_stop_str_in_output' cannot be combined with tools"),
+        ({"min_tokens": 2, "stop": ["x"], "tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]},
+         InvalidInputError, "'min_tokens' cannot be combined with 'stop' and tools"),
     ],
 )
 def test_bad_sampling_and_guided_fields_are_refused(kwargs, error, match) -> None:
@@ -202,6 +204,21 @@ def test_include_stop_str_in_output_and_special_tokens(engine: LLMEngine) -> Non
     assert token_kept.text == token_cut.text + "\n" and token_kept.finish_reason == "stop"
     assert tokenizer.eos_token not in plain.text and tokenizer.eos_token in special.text
     assert special.text.replace(tokenizer.eos_token, "").startswith(plain.text.split("\n")[0])
+
+
+def test_min_tokens_bars_the_end_of_sequence_with_ignore_eos_too(engine: LLMEngine) -> None:
+    """As vLLM: min_tokens bars the end-of-sequence token even when ignore_eos would not stop on it."""
+    held, both = engine.generate([chat(messages=SHORT, max_tokens=20, min_tokens=10),
+                                  chat(messages=SHORT, max_tokens=20, min_tokens=10, ignore_eos=True)])
+    assert held.finish_reason == "stop" and held.usage.completion_tokens < 20
+    assert both.text.startswith(held.text) and both.usage.completion_tokens == 20
+
+
+def test_the_stop_string_that_ends_first_wins(engine: LLMEngine) -> None:
+    """"Yes." meets "e" (ending at 2) before "Yes" (ending at 3), whatever their order or starts."""
+    cut, kept = engine.generate([chat(messages=SHORT, stop=["Yes", "e"]),
+                                 chat(messages=SHORT, stop=["Yes", "e"], include_stop_str_in_output=True)])
+    assert (cut.text, kept.text) == ("Y", "Ye")
 
 
 def test_stop_token_ids_outside_the_vocabulary_are_refused(engine: LLMEngine) -> None:

@@ -207,3 +207,36 @@ def test_max_tokens_is_capped_by_the_room_left(formatter) -> None:
 def test_empty_prompt_is_refused(formatter) -> None:
     with pytest.raises(InvalidInputError, match="must not be empty"):
         formatter.prepare(GenerationRequest(prompt=""))
+
+
+@pytest.mark.parametrize(
+    ("stops", "pieces", "expected"),
+    [
+        # the stop string that ends first wins, whatever starts first or comes first in the list
+        (("Yes", "e"), ["Yes"], (1, "e")),
+        (("abc", "bc", "c"), ["xabc"], (3, "c")),
+        # a tie in where they end goes to the earlier in the list
+        (("bc", "abc"), ["xabc"], (2, "bc")),
+        (("abc", "bc"), ["xabc"], (1, "abc")),
+        # found across pieces, and only where it ends in the new part
+        (("ab",), ["xa", "by"], (1, "ab")),
+        (("a",), ["xa", "by"], (1, "a")),
+    ],
+)
+def test_stop_scanner_matches_as_vllm(stops, pieces, expected) -> None:
+    from gpuprompt.llm._job import StopScanner
+
+    scanner, text, found = StopScanner(stops), "", None
+    for piece in pieces:
+        text += piece
+        found = found or scanner.match(text)
+    assert found == expected
+
+
+def test_stop_scanner_skips_what_min_tokens_held_back() -> None:
+    from gpuprompt.llm._job import StopScanner
+
+    scanner = StopScanner(("a", "abc"))
+    scanner.skip("xxa")  # a stop string inside the skipped text is never matched
+    assert scanner.match("xxab") is None
+    assert scanner.match("xxabc") == (2, "abc")  # one that ends after it still is

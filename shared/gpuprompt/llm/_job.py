@@ -75,17 +75,22 @@ class StopScanner:
         return None if match is None else match[0]
 
     def match(self, text: str) -> tuple[int, str] | None:
-        """The first stop string in ``text`` (the grown text) and where it begins, or None."""
+        """The stop string that ends first in ``text`` (the grown text), ties to the earlier one
+        in the list, and where it begins; None when none ends in the part not searched before
+        (vLLM's rule, so both backends stop at the same place)."""
         if not self.stops:
             return None
-        start = max(0, self._searched - self.hold)
-        hits = [(i, s) for i, s in ((text.find(s, start), s) for s in self.stops) if i >= 0]
-        self._searched = len(text)
-        return min(hits, key=lambda hit: hit[0]) if hits else None
+        searched, self._searched = self._searched, len(text)
+        best: tuple[int, str] | None = None
+        for stop in self.stops:
+            at = text.find(stop, max(0, searched - len(stop) + 1))
+            if at >= 0 and (best is None or at + len(stop) < best[0] + len(best[1])):
+                best = (at, stop)
+        return best
 
     def skip(self, text: str) -> None:
-        """Take ``text`` (the grown text) as searched without looking in it: a later :meth:`find`
-        matches only stop strings that end after it (as vLLM before ``min_tokens``)."""
+        """Take ``text`` (the grown text) as searched without looking in it: a later :meth:`match`
+        finds only stop strings that end after it (as vLLM before ``min_tokens``)."""
         self._searched = len(text)
 
 

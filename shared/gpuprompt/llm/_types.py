@@ -245,7 +245,7 @@ class GenerationRequest:
         min_tokens: generate at least this many tokens before the end-of-sequence token, a
             ``stop_token_ids`` token or a stop string may end the reply (vLLM's ``min_tokens``;
             a constrained output may still end sooner when its grammar allows nothing else).
-            At most ``max_tokens``.
+            At most ``max_tokens``; not with both stop strings and tools.
         ignore_eos: keep generating past the end-of-sequence token, until ``max_tokens``, a
             ``stop_token_ids`` token or a stop string (vLLM's ``ignore_eos``: what throughput
             benchmarks send to get replies of a fixed length). Not with an output constraint or
@@ -395,6 +395,11 @@ class GenerationRequest:
                     f"'{name}' cannot be combined with tools: a reply with tools is parsed into prose and "
                     f"calls, which would carry the model's raw markers; drop '{name}' or the tools."
                 )
+        if self.min_tokens and self.stop and self.uses_tools:
+            raise InvalidInputError(
+                "'min_tokens' cannot be combined with 'stop' and tools: a reply with tools meets its stop strings "
+                "in the parsed prose, where tokens are not counted; drop min_tokens, the stop strings or the tools."
+            )
         if self.ignore_eos and (guided or self.uses_tools):
             raise InvalidInputError(
                 "'ignore_eos' cannot be combined with an output constraint or tools: a constrained reply ends "

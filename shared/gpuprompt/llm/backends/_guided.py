@@ -316,13 +316,14 @@ class PenaltyProcessor:
 
 class MinTokensProcessor:
     """vLLM's ``min_tokens``: a row with fewer than its ``min_tokens`` generated tokens cannot draw
-    one of its ending tokens (end of sequence, ``stop_token_ids``).
+    the end-of-sequence token (even with ``ignore_eos``, as vLLM) or a ``stop_token_ids`` token.
 
     It runs after the grammar mask: when a constrained row's grammar allows nothing but an end
     (the constrained output is complete), the end stays allowed rather than every token masked.
 
     Args:
-        rows: the batch's rows (``min_tokens``, ``ends``, ``count``: tokens generated so far).
+        rows: the batch's rows (``min_tokens``, ``held``: the barred tokens, ``count``: tokens
+            generated so far).
     """
 
     def __init__(self, rows: Sequence[Any]) -> None:
@@ -335,8 +336,8 @@ class MinTokensProcessor:
         for i, row in enumerate(self.rows):
             if row.done or row.count >= row.min_tokens:
                 continue
-            ends = torch.tensor([t for t in row.ends if t < width], dtype=torch.long, device=scores.device)
-            masked = scores[i].index_fill(0, ends, -math.inf)
+            held = torch.tensor([t for t in row.held if t < width], dtype=torch.long, device=scores.device)
+            masked = scores[i].index_fill(0, held, -math.inf)
             scores[i] = torch.where(torch.isfinite(masked).any(), masked, scores[i])
         return scores
 

@@ -60,7 +60,8 @@ class _Row:
     stops: StopScanner  # its hold: characters held back while they could still begin a stop string
     max_tokens: int
     ends: frozenset[int]  # the tokens that end it: end of sequence (unless ignore_eos) and stop_token_ids
-    min_tokens: int = 0  # until this many tokens, none of `ends` is drawn and no stop string is matched
+    held: frozenset[int] = frozenset()  # barred before min_tokens: end of sequence (with ignore_eos too) and stop ids
+    min_tokens: int = 0  # until this many tokens, `held` is barred and no stop string is matched
     cached: int = 0  # prompt tokens whose keys and values came from the prefix cache
     ids: list[int] = field(default_factory=list)
     count: int = 0  # generated tokens, the end-of-sequence token included
@@ -393,10 +394,11 @@ class TransformersBackend(Backend):
         rows = []
         for job, hit in zip(jobs, cached):
             request = job.prepared.request
-            ends = frozenset(request.stop_token_ids) | (frozenset() if request.ignore_eos else self._eos)
+            stop_ids = frozenset(request.stop_token_ids)
             # a reply with tools has no stop strings here: the job matches them in its prose
-            rows.append(_Row(job, StopScanner(job.backend_stops), job.prepared.max_tokens, ends,
-                             min(request.min_tokens, job.prepared.max_tokens), hit))
+            rows.append(_Row(job, StopScanner(job.backend_stops), job.prepared.max_tokens,
+                             ends=stop_ids if request.ignore_eos else stop_ids | self._eos, held=stop_ids | self._eos,
+                             min_tokens=min(request.min_tokens, job.prepared.max_tokens), cached=hit))
         tracker = _RowTracker(rows, self._tokenizer)
         # Greedy for generate itself: sampled rows are drawn by RowSampler, each with its own
         # settings and seed, so one batch holds any mix of sampling settings. Each row's end is the
