@@ -131,6 +131,7 @@ __all__ = [
     "request_body",
     "sampling_body",
     "transport_error",
+    "wire_stop_reason",
 ]
 
 # ---------------------------------------------------------------------------------------- paths
@@ -273,6 +274,14 @@ def sampling_body(request: GenerationRequest) -> dict[str, Any]:
         elif value != default:
             body[name] = value
     return body
+
+
+def wire_stop_reason(value: Any) -> int | str | None:
+    """A choice's ``stop_reason`` as a server sent it (vLLM's and gpuprompt's: the stop token id
+    or stop string that ended the reply), or None for anything else."""
+    if isinstance(value, str) or (isinstance(value, int) and not isinstance(value, bool)):
+        return value
+    return None
 
 
 def guided_body(guided: Mapping[str, Any] | None, *, structured_outputs: bool = False) -> dict[str, Any]:

@@ -221,6 +221,22 @@ def test_the_stop_string_that_ends_first_wins(engine: LLMEngine) -> None:
     assert (cut.text, kept.text) == ("Y", "Ye")
 
 
+def test_stop_reason_names_the_stop_token_or_string(engine: LLMEngine) -> None:
+    """As vLLM's stop_reason: the stop token id or stop string; None for the end of sequence and length."""
+    token, string, eos, length = engine.generate([
+        chat(messages=SHORT, ignore_eos=True, stop_token_ids=[198]),
+        chat(messages=SHORT, stop=["zzz", "."]),
+        chat(messages=SHORT),
+        chat(messages=SHORT, max_tokens=1),
+    ])
+    assert (token.finish_reason, token.stop_reason) == ("stop", 198)
+    assert (string.finish_reason, string.stop_reason) == ("stop", ".")
+    assert (eos.finish_reason, eos.stop_reason) == ("stop", None)
+    assert (length.finish_reason, length.stop_reason) == ("length", None)
+    *_, last = engine.stream(chat(messages=SHORT, stop=["zzz", "."]))
+    assert (last.finish_reason, last.stop_reason) == ("stop", ".")
+
+
 def test_stop_token_ids_outside_the_vocabulary_are_refused(engine: LLMEngine) -> None:
     with pytest.raises(InvalidInputError, match="stop_token_ids"):
         engine.generate([chat(stop_token_ids=[10**9])])

@@ -376,8 +376,8 @@ def test_vllm_server_gets_token_ids_and_answers_as_its_own_chat_route(vllm_remot
         ours = vllm_remote.generate([GenerationRequest(messages=short, max_tokens=16, **fields)])[0]
         own = httpx.post(f"{vllm_server}/v1/chat/completions", timeout=120,
                          json={"messages": short, "max_tokens": 16, "temperature": 0, **fields}).json()
-        assert (ours.text, ours.usage.completion_tokens) == \
-            (own["choices"][0]["message"]["content"], own["usage"]["completion_tokens"]), fields
+        assert (ours.text, ours.stop_reason, ours.usage.completion_tokens) == (own["choices"][0]["message"]["content"],
+                own["choices"][0]["stop_reason"], own["usage"]["completion_tokens"]), fields
         replies.append(ours)
     assert replies[0].usage.completion_tokens == 16 and replies[1].usage.completion_tokens >= 10
 

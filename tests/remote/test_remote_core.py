@@ -269,8 +269,8 @@ def test_vllm_end_of_reply_fields_travel_and_run_as_in_process(live, remote_llm_
     requests = [GenerationRequest(messages=short, max_tokens=16, **case) for case in cases]
     far = RemoteLLM(live.url).generate(requests)
     near = remote_llm_engine.generate(requests)
-    assert [(r.text, r.finish_reason, r.usage.completion_tokens) for r in far] == \
-        [(r.text, r.finish_reason, r.usage.completion_tokens) for r in near]
+    assert [(r.text, r.finish_reason, r.stop_reason, r.usage.completion_tokens) for r in far] == \
+        [(r.text, r.finish_reason, r.stop_reason, r.usage.completion_tokens) for r in near]
     assert near[0].usage.completion_tokens == 16 and near[1].usage.completion_tokens >= 10
 
 
@@ -315,7 +315,7 @@ def test_request_body_carries_every_field() -> None:
         messages=[{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Weather?"}],
         tools=[WEATHER], tool_choice="get_weather", parallel_tool_calls=False, max_tokens=9, temperature=0.5,
         top_p=0.9, top_k=5, min_p=0.1, repetition_penalty=1.2, logit_bias={7: -5.0}, seed=3, stop=["\n"],
-        priority=-1, session_id="conversation-7", stop_token_ids=[5, 9], min_tokens=2,
+        priority=-1, session_id="conversation-7", stop_token_ids=[5, 9],
     )
     path, body = request_body(request, "served/model")
     assert path == "/chat/completions" and body["stream"] is True and body["model"] == "served/model"
@@ -325,10 +325,12 @@ def test_request_body_carries_every_field() -> None:
                                  "logit_bias", "seed", "stop", "priority")} == {
         "max_tokens": 9, "temperature": 0.5, "top_p": 0.9, "top_k": 5, "min_p": 0.1, "repetition_penalty": 1.2,
         "logit_bias": {"7": -5.0}, "seed": 3, "stop": ["\n"], "priority": -1}
-    assert body["stop_token_ids"] == [5, 9] and body["min_tokens"] == 2 and "ignore_eos" not in body
+    assert body["stop_token_ids"] == [5, 9] and "min_tokens" not in body and "ignore_eos" not in body
     assert RemoteLLM("http://127.0.0.1:9")._prepare(request)[2] == {"X-Session-ID": "conversation-7"}
-    _, regex = request_body(GenerationRequest(prompt="Code:", guided_regex="[0-9]{3}"))
+    _, regex = request_body(GenerationRequest(prompt="Code:", guided_regex="[0-9]{3}", min_tokens=2,
+                                              skip_special_tokens=False))
     assert regex["prompt"] == "Code:" and regex["guided_regex"] == "[0-9]{3}" and "messages" not in regex
+    assert regex["min_tokens"] == 2 and regex["skip_special_tokens"] is False
 
 
 def test_error_mapping_inverts_the_server() -> None:

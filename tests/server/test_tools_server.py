@@ -247,6 +247,10 @@ def test_vllm_end_of_reply_fields_run_as_in_process(openai_client, server_llm) -
     for case, expected in zip(cases, local):
         served = _call(openai_client, messages=short, max_tokens=20, extra_body=case).choices[0]
         assert served.message.content == expected.text and served.finish_reason == expected.finish_reason, case
+        assert served.model_extra.get("stop_reason") == expected.stop_reason, case  # vLLM's field
+    assert local[2].stop_reason == 198 and local[3].stop_reason == "."
+    *_, last = _call(openai_client, messages=short, max_tokens=20, stream=True, extra_body=cases[2])
+    assert last.choices[0].finish_reason == "stop" and last.choices[0].model_extra["stop_reason"] == 198
     assert local[0].finish_reason == "length" and local[0].usage.completion_tokens == 20
     assert local[1].usage.completion_tokens >= 12
 

@@ -69,11 +69,6 @@ class StopScanner:
         self.hold = max((len(s) for s in stops), default=1) - 1
         self._searched = 0
 
-    def find(self, text: str) -> int | None:
-        """Where the first stop string begins in ``text`` (the grown text), or None."""
-        match = self.match(text)
-        return None if match is None else match[0]
-
     def match(self, text: str) -> tuple[int, str] | None:
         """The stop string that ends first in ``text`` (the grown text), ties to the earlier one
         in the list, and where it begins; None when none ends in the part not searched before
@@ -128,6 +123,7 @@ class Job:
         self._prose = ""  # the parser's prose, cut at the first stop string once met
         self._sent = 0  # characters of _prose handed out
         self._stop_hit = False
+        self._stop_reason: int | str | None = None  # the prose's stop string, once met
         self.backend_state: Any = None  # whatever the backend needs to find this job again
 
     def __repr__(self) -> str:
@@ -196,17 +192,27 @@ class Job:
             return prose
         if not self._stop_hit:
             self._prose += prose
-            hit = self._stops.find(self._prose)
+            hit = self._stops.match(self._prose)
             if hit is not None:
-                self._prose = self._prose[:hit]
-                self._stop_hit = True
+                self._prose = self._prose[: hit[0]]
+                self._stop_hit, self._stop_reason = True, hit[1]
         safe = len(self._prose) if (final or self._stop_hit) else max(0, len(self._prose) - self._stops.hold)
         new = self._prose[self._sent : safe] if safe > self._sent else ""
         self._sent = max(self._sent, safe)
         return new
 
-    def finish(self, finish_reason: str, completion_tokens: int, cached_tokens: int = 0) -> bool:
-        """End the job with a result; False when it had already ended."""
+    def finish(self, finish_reason: str, completion_tokens: int, cached_tokens: int = 0,
+               stop_reason: int | str | None = None) -> bool:
+        """End the job with a result; False when it had already ended.
+
+        Args:
+            finish_reason: ``"stop"``, ``"length"`` or ``"abort"`` (a reply of tool calls becomes
+                ``"tool_calls"`` here).
+            completion_tokens: tokens generated.
+            cached_tokens: prompt tokens the prefix cache served.
+            stop_reason: the stop token id or stop string that ended a ``"stop"`` reply (None for
+                the end-of-sequence token).
+        """
         with self._cond:
             if self._ended:
                 return False
@@ -216,7 +222,7 @@ class Job:
                 prose, calls = ("", ()) if self._stop_hit else self._parser.finish(cut=finish_reason == "length")
                 prose = self._cut(prose, final=True)
                 if self._stop_hit:  # the row ended (or was aborted) at a stop string in the prose
-                    finish_reason = "stop"
+                    finish_reason, stop_reason = "stop", self._stop_reason
                 if prose or calls:
                     self._post(Text(prose, calls))
                 text = self._prose if self._stops.stops else self._parser.text
@@ -245,6 +251,7 @@ class Job:
                 model=self.model,
                 request_id=self.request_id,
                 tool_calls=tool_calls,
+                stop_reason=stop_reason if finish_reason == "stop" else None,
             )
             event = End(result)
             self._ended = True

@@ -123,6 +123,9 @@ class GenerationResult:
             often ``""``). When ``max_tokens`` cut a call short (``finish_reason`` ``"length"``),
             it is the last one, with the argument text generated so far and
             :attr:`~gpuprompt.llm.ToolCall.incomplete` set, as OpenAI and vLLM's server return it.
+        stop_reason: what ended a ``"stop"`` reply other than the end-of-sequence token, as vLLM's
+            ``stop_reason``: the ``stop_token_ids`` token (an int) or the stop string (a str);
+            None otherwise.
     """
 
     text: str
@@ -132,6 +135,7 @@ class GenerationResult:
     model: str
     request_id: str
     tool_calls: tuple[ToolCall, ...] = ()
+    stop_reason: int | str | None = None
 
 
 @dataclass(frozen=True)
@@ -146,12 +150,14 @@ class StreamDelta:
             the ``arguments`` fragments of an index concatenate to the call's JSON arguments, or,
             for a call ``max_tokens`` cut short, to the text generated so far: it comes last, with
             ``finish_reason`` ``"length"``).
+        stop_reason: on the last delta, the result's :attr:`GenerationResult.stop_reason`.
     """
 
     text: str
     finish_reason: str | None = None
     usage: Usage | None = None
     tool_calls: tuple[ToolCallDelta, ...] = ()
+    stop_reason: int | str | None = None
 
 
 @dataclass(frozen=True)

@@ -32,7 +32,16 @@ from gpuprompt.llm._types import EngineStats, GenerationRequest, GenerationResul
 from gpuprompt.remote._client import SERVICE, RemoteClient, client_for
 from gpuprompt.remote._config import RemoteConfig
 from gpuprompt.remote._embedder import _health, _model_ids, _served_model
-from gpuprompt.wire import DETOKENIZE, HEALTH, MODELS, SESSION_HEADER, TOKENIZE, redact, request_body
+from gpuprompt.wire import (
+    DETOKENIZE,
+    HEALTH,
+    MODELS,
+    SESSION_HEADER,
+    TOKENIZE,
+    redact,
+    request_body,
+    wire_stop_reason,
+)
 
 __all__ = ["SESSION_HEADER", "RemoteLLM", "request_body"]
 
@@ -49,6 +58,7 @@ class _Reader:
         self.first_event: float | None = None
         self.first_token: float | None = None
         self.finish_reason: str | None = None
+        self.stop_reason: int | str | None = None
         self.usage: Usage | None = None
         self.model: str | None = None
         self.id: str | None = None
@@ -86,6 +96,7 @@ class _Reader:
                 deltas.append(StreamDelta(text, tool_calls=calls))
             if choice.get("finish_reason"):
                 self.finish_reason = str(choice["finish_reason"])
+                self.stop_reason = wire_stop_reason(choice.get("stop_reason"))
         usage = event.get("usage")
         if isinstance(usage, Mapping):
             details = usage.get("prompt_tokens_details")
@@ -100,7 +111,8 @@ class _Reader:
         if self.finish_reason is None:
             raise EngineError(f"{SERVICE} at {where} ended the stream without a finish_reason: the reply may be cut "
                               "short; retry it.")
-        return StreamDelta("", finish_reason=self.finish_reason, usage=self.usage or Usage(0, 0, 0))
+        return StreamDelta("", finish_reason=self.finish_reason, usage=self.usage or Usage(0, 0, 0),
+                           stop_reason=self.stop_reason)
 
     def result(self, model: str, request_id: str | None, root: str) -> GenerationResult:
         end = time.monotonic()
@@ -118,6 +130,7 @@ class _Reader:
             model=self.model or model,
             request_id=request_id or self.id or "",
             tool_calls=calls,
+            stop_reason=self.stop_reason,
         )
 
 

@@ -32,7 +32,7 @@ from gpuprompt.errors import (
 from gpuprompt.llm._backend import ALL_SAMPLING_FIELDS, Backend
 from gpuprompt.llm._job import Job
 from gpuprompt.models import BUNDLED_CHAT_MODEL
-from gpuprompt.wire import COMPLETIONS, MODELS, api_root, guided_body, redact, sampling_body
+from gpuprompt.wire import COMPLETIONS, MODELS, api_root, guided_body, redact, sampling_body, wire_stop_reason
 
 __all__ = ["RemoteBackend"]
 
@@ -225,7 +225,7 @@ class RemoteBackend(Backend):
     async def _run(self, job: Job, body: dict[str, Any]) -> None:
         assert self._http is not None
         tokens = cached = 0
-        reason = "length"
+        reason, stop_reason = "length", None
         ended = False  # [DONE] or a finish_reason arrived: the reply is whole
         events = self._http.events(COMPLETIONS, body, self._request_headers(job), on_open=job.mark_started)
         try:
@@ -238,6 +238,7 @@ class RemoteBackend(Backend):
                             job.push_text(text)
                         if choice.get("finish_reason"):
                             reason = _FINISH_REASONS.get(str(choice["finish_reason"]), "stop")
+                            stop_reason = wire_stop_reason(choice.get("stop_reason"))
                             ended = True
                     usage = chunk.get("usage")
                     if usage:
@@ -252,7 +253,7 @@ class RemoteBackend(Backend):
                     f"the LLM server at {redact(self.root)} ended request {job.request_id}'s stream before it "
                     "finished (no finish_reason, no [DONE]): the reply may be cut short; retry it."
                 )
-            job.finish(reason, tokens, cached)
+            job.finish(reason, tokens, cached, stop_reason)
         except asyncio.CancelledError:
             # Closing the event stream closed the connection: the server aborts the request.
             job.finish("abort", tokens, cached)

@@ -74,9 +74,10 @@ class _RowTracker:
     """Per-step hook of ``generate`` (a stopping criterion): decodes each row's new token,
     streams its text, and stops rows on end of sequence, stop strings, budget or cancellation."""
 
-    def __init__(self, rows: list[_Row], tokenizer: Any) -> None:
+    def __init__(self, rows: list[_Row], tokenizer: Any, eos: frozenset[int]) -> None:
         self.rows = rows
         self.tokenizer = tokenizer
+        self.eos = eos  # ending a row on one of these reports no stop_reason, as vLLM
 
     def __call__(self, input_ids: Any, scores: Any, **kwargs: Any) -> Any:
         import torch
@@ -102,7 +103,7 @@ class _RowTracker:
             if request.include_stop_str_in_output:  # as vLLM: the stop token's text (if it has one) stays
                 row.ids.append(token)
                 row.text = self.tokenizer.decode(row.ids, skip_special_tokens=request.skip_special_tokens)
-            self._end(row, "stop")
+            self._end(row, "stop", None if token in self.eos else token)
             return
         row.ids.append(token)
         text = self.tokenizer.decode(row.ids, skip_special_tokens=request.skip_special_tokens)
@@ -112,7 +113,7 @@ class _RowTracker:
         if hit is not None:
             at, stop = hit
             row.text = text[: at + len(stop) if request.include_stop_str_in_output else at]
-            self._end(row, "stop")
+            self._end(row, "stop", stop)
             return
         if row.count >= row.max_tokens:
             self._end(row, "length")
@@ -125,12 +126,12 @@ class _RowTracker:
         if job.stop_requested:  # a stop string met in the parsed prose of a reply with tools
             self._end(row, "stop")
 
-    def _end(self, row: _Row, reason: str) -> None:
+    def _end(self, row: _Row, reason: str, stop_reason: int | str | None = None) -> None:
         row.done = True
         if reason != "abort" and len(row.text) > row.emitted:
             row.job.push_text(row.text[row.emitted :])
             row.emitted = len(row.text)
-        row.job.finish(reason, row.count, row.cached)
+        row.job.finish(reason, row.count, row.cached, stop_reason)
 
     def finalize(self) -> None:
         """End rows ``generate`` stopped without our tracker seeing it (its own length limit)."""
@@ -399,7 +400,7 @@ class TransformersBackend(Backend):
             rows.append(_Row(job, StopScanner(job.backend_stops), job.prepared.max_tokens,
                              ends=stop_ids if request.ignore_eos else stop_ids | self._eos, held=stop_ids | self._eos,
                              min_tokens=min(request.min_tokens, job.prepared.max_tokens), cached=hit))
-        tracker = _RowTracker(rows, self._tokenizer)
+        tracker = _RowTracker(rows, self._tokenizer, self._eos)
         # Greedy for generate itself: sampled rows are drawn by RowSampler, each with its own
         # settings and seed, so one batch holds any mix of sampling settings. Each row's end is the
         # tracker's (end of sequence, stop_token_ids, ignore_eos): an empty eos_token_id keeps

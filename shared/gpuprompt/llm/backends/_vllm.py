@@ -255,7 +255,7 @@ class VLLMBackend(Backend):
 
     async def _run(self, job: Job, params: Any) -> None:
         tokens = cached = 0
-        reason = "length"
+        reason, stop_reason = "length", None
         engine_id = f"{job.request_id}-{next(self._ids)}"
         try:
             prompt = self._vllm["tokens_input"](job.prepared.token_ids)
@@ -272,7 +272,8 @@ class VLLMBackend(Backend):
                 job.push_text(completion.text)
                 if out.finished:
                     reason = _FINISH_REASONS.get(str(completion.finish_reason), "stop")
-            job.finish(reason, tokens, cached)
+                    stop_reason = completion.stop_reason
+            job.finish(reason, tokens, cached, stop_reason)
         except asyncio.CancelledError:
             # vLLM's generate() already aborted the request in the engine before re-raising.
             job.finish("abort", tokens, cached)

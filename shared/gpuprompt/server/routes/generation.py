@@ -224,8 +224,8 @@ async def chat_completions(server: State, body: ChatCompletionRequest, request: 
             id=completion_id,
             created=int(time.time()),
             model=name,
-            choices=[ChatChoice(index=i, message=_chat_message(r), finish_reason=r.finish_reason)
-                     for i, r in enumerate(results)],
+            choices=[ChatChoice(index=i, message=_chat_message(r), finish_reason=r.finish_reason,
+                                stop_reason=r.stop_reason) for i, r in enumerate(results)],
             usage=usage_model([r.usage for r in results], prompts=1),
         )
     )
@@ -264,7 +264,7 @@ async def completions(server: State, body: CompletionRequest, request: Request) 
             model=name,
             choices=[
                 CompletionChoice(index=i, text=(req.prompt if body.echo else "") + r.text,
-                                 finish_reason=r.finish_reason)
+                                 finish_reason=r.finish_reason, stop_reason=r.stop_reason)
                 for i, (req, r) in enumerate(zip(requests, results, strict=True))
             ],
             usage=usage_model([r.usage for r in results]),
@@ -286,7 +286,8 @@ of the opening chunk, given the first delta (which is then sent by a second call
 
 def _chat_chunks(base: dict[str, Any], delta: StreamDelta, finish: str | None, opening: bool) -> list[dict[str, Any]]:
     def choice(payload: dict[str, Any], finish_reason: str | None = None) -> dict[str, Any]:
-        return {"index": 0, "delta": payload, "finish_reason": finish_reason, "logprobs": None}
+        return {"index": 0, "delta": payload, "finish_reason": finish_reason, "logprobs": None,
+                "stop_reason": delta.stop_reason if finish_reason else None}
 
     if opening:
         # The opening chunk names the role, as OpenAI's does: content "" for a text reply, null for
@@ -319,7 +320,8 @@ def _chat_chunks(base: dict[str, Any], delta: StreamDelta, finish: str | None, o
 def _text_chunks(prefix: str) -> ChunkMaker:
     def make(base: dict[str, Any], delta: StreamDelta, finish: str | None, opening: bool) -> list[dict[str, Any]]:
         def choice(text: str, finish_reason: str | None = None) -> dict[str, Any]:
-            return {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
+            return {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason,
+                    "stop_reason": delta.stop_reason if finish_reason else None}
 
         if opening:
             return [choice(prefix)] if prefix else []

@@ -568,6 +568,9 @@ class ChatChoice(BaseModel):
     message: ChatChoiceMessage
     finish_reason: str
     logprobs: None = None
+    stop_reason: int | str | None = None
+    """vLLM's field: the ``stop_token_ids`` token or stop string that ended a ``"stop"`` reply
+    (null for the end-of-sequence token and every other finish)."""
 
 
 class ChatCompletionResponse(BaseModel):
@@ -625,6 +628,8 @@ class CompletionChoice(BaseModel):
     text: str
     logprobs: None = None
     finish_reason: str
+    stop_reason: int | str | None = None
+    """vLLM's field: the stop token id or stop string that ended a ``"stop"`` reply."""
 
 
 class CompletionResponse(BaseModel):
