@@ -74,10 +74,12 @@ class _RowTracker:
     """Per-step hook of ``generate`` (a stopping criterion): decodes each row's new token,
     streams its text, and stops rows on end of sequence, stop strings, budget or cancellation."""
 
-    def __init__(self, rows: list[_Row], tokenizer: Any, eos: frozenset[int]) -> None:
+    def __init__(self, rows: list[_Row], tokenizer: Any) -> None:
         self.rows = rows
         self.tokenizer = tokenizer
-        self.eos = eos  # ending a row on one of these reports no stop_reason, as vLLM
+        # As vLLM: the tokenizer's end-of-sequence token ends a row with no stop_reason; any other
+        # ending token (the model's other end tokens, stop_token_ids) is named.
+        self.eos_id: int | None = tokenizer.eos_token_id
 
     def __call__(self, input_ids: Any, scores: Any, **kwargs: Any) -> Any:
         import torch
@@ -103,7 +105,7 @@ class _RowTracker:
             if request.include_stop_str_in_output:  # as vLLM: the stop token's text (if it has one) stays
                 row.ids.append(token)
                 row.text = self.tokenizer.decode(row.ids, skip_special_tokens=request.skip_special_tokens)
-            self._end(row, "stop", None if token in self.eos else token)
+            self._end(row, "stop", None if token == self.eos_id and not request.ignore_eos else token)
             return
         row.ids.append(token)
         text = self.tokenizer.decode(row.ids, skip_special_tokens=request.skip_special_tokens)
@@ -400,7 +402,7 @@ class TransformersBackend(Backend):
             rows.append(_Row(job, StopScanner(job.backend_stops), job.prepared.max_tokens,
                              ends=stop_ids if request.ignore_eos else stop_ids | self._eos, held=stop_ids | self._eos,
                              min_tokens=min(request.min_tokens, job.prepared.max_tokens), cached=hit))
-        tracker = _RowTracker(rows, self._tokenizer, self._eos)
+        tracker = _RowTracker(rows, self._tokenizer)
         # Greedy for generate itself: sampled rows are drawn by RowSampler, each with its own
         # settings and seed, so one batch holds any mix of sampling settings. Each row's end is the
         # tracker's (end of sequence, stop_token_ids, ignore_eos): an empty eos_token_id keeps
