@@ -171,12 +171,18 @@ class GPUPromptChatMessageHistory(BaseChatMessageHistory):
     # ------------------------------------------------------------------ reads
     @property
     def messages(self) -> list[BaseMessage]:  # type: ignore[override]
-        """The session's messages, oldest first."""
-        return _to_messages(self.context_cache.turns(self.session_id))
+        """The session's messages, oldest first: the ones kept under the session's turn cap, less
+        the ``ToolMessage`` results at their head, whose call the cap dropped (a chat API refuses a
+        result without its call)."""
+        from gpuprompt.context import replayable
+
+        return _to_messages(replayable(self.context_cache.turns(self.session_id)))
 
     async def aget_messages(self) -> list[BaseMessage]:
         """Async :attr:`messages` (a read of in-memory turns: no model runs)."""
-        return _to_messages(await self.context_cache.aturns(self.session_id))
+        from gpuprompt.context import replayable
+
+        return _to_messages(replayable(await self.context_cache.aturns(self.session_id)))
 
     def relevant_messages(self, query: str, k: int = 4) -> list[BaseMessage]:
         """The ``k`` past messages most similar to ``query``, in chronological order.

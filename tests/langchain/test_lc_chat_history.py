@@ -181,3 +181,14 @@ def test_runnable_with_message_history_multi_turn(lc_chat: ChatGPUPrompt) -> Non
     assert [m.content for m in third] == [
         "You are a helpful shop assistant.", questions[0], replies[0].content, questions[1], replies[1].content, questions[2]
     ]
+
+
+def test_the_turn_cap_never_leaves_a_tool_result_without_its_call(lc_embeddings: GPUPromptEmbeddings) -> None:
+    """The cap drops the oldest turns one by one; a result whose call it dropped is not replayed."""
+    history = GPUPromptChatMessageHistory(_session(), context_cache=ContextCache(lc_embeddings.embedder,
+                                                                                 max_turns_per_session=4))
+    call = AIMessage("", tool_calls=[{"name": "f", "args": {}, "id": "c1", "type": "tool_call"}])
+    history.add_messages([HumanMessage("Where is order 42?"), call, ToolMessage("a", tool_call_id="c1"),
+                          ToolMessage("b", tool_call_id="c1"), AIMessage("It shipped."), HumanMessage("Thanks!")])
+    assert [t.role for t in history.context_cache.turns(history.session_id)] == ["tool", "tool", "assistant", "user"]
+    assert history.messages == [AIMessage("It shipped."), HumanMessage("Thanks!")]

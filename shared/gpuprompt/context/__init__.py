@@ -16,6 +16,7 @@ from gpuprompt.context._types import (
     Turn,
     check_session_id,
 )
+from gpuprompt.context._window import replayable
 from gpuprompt.context.stores import MemoryStore, RedisStore, SessionStore
 
 __all__ = [
@@ -29,4 +30,5 @@ __all__ = [
     "SessionStore",
     "Turn",
     "check_session_id",
+    "replayable",
 ]

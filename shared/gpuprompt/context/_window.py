@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 from gpuprompt.context._types import Turn
 
-__all__ = ["select_units", "tool_units"]
+__all__ = ["replayable", "select_units", "tool_units"]
 
 
 def tool_units(turns: Sequence[Turn]) -> list[list[int]]:
@@ -42,6 +42,17 @@ def tool_units(turns: Sequence[Turn]) -> list[list[int]]:
         for call in turn.tool_calls:
             by_id[call.id] = unit
     return units
+
+
+def replayable(turns: Sequence[Turn]) -> list[Turn]:
+    """``turns`` (a session's live turns, oldest first) without the tool results at their head: the
+    turn cap drops the oldest turns one by one, so it can drop a call and keep its results, which a
+    chat API refuses when the conversation is replayed. A tool result later on is the caller's, and
+    is kept."""
+    head = 0
+    while head < len(turns) and turns[head].role == "tool":
+        head += 1
+    return list(turns[head:])
 
 
 def select_units(
