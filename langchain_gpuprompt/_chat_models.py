@@ -21,7 +21,7 @@ from gpuprompt.models import BUNDLED_CHAT_MODEL
 from gpuprompt.remote import ENV_API_KEY
 from gpuprompt.runtime import connect
 from gpuprompt.validation import configuration_error, read_aliases
-from gpuprompt.wire import redact
+from gpuprompt.wire import EXTRA_SAMPLING, redact
 from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
 from langchain_core.language_models import BaseChatModel, LanguageModelInput, ModelProfile
 from langchain_core.language_models.base import LangSmithParams
@@ -52,14 +52,18 @@ if TYPE_CHECKING:
 
 __all__ = ["ChatGPUPrompt"]
 
-_ALIASES = {"model_name": "model", "max_completion_tokens": "max_tokens", "max_new_tokens": "max_tokens"}
-"""Other chat models' names for the same settings (ChatOpenAI's ``model_name`` and
-``max_completion_tokens``, Hugging Face's ``max_new_tokens``), read as ours."""
+_ALIASES = {"model_name": "model", "max_completion_tokens": "max_tokens", "max_new_tokens": "max_tokens",
+            "stop_sequences": "stop"}
+"""Other chat models' names for the same settings (ChatOpenAI's ``model_name``,
+``max_completion_tokens`` and ``stop_sequences``, Hugging Face's ``max_new_tokens``), read as ours."""
 
 _CALL_OPTIONS = frozenset(
     {"model", "max_tokens", "temperature", "top_p", "seed", "priority", "truncate", "timeout", "response_format",
-     "tools", "tool_choice", "parallel_tool_calls", "stream", "ls_structured_output_format"}
+     "tools", "tool_choice", "parallel_tool_calls", "stream", "ls_structured_output_format", *EXTRA_SAMPLING}
 )
+"""The keyword options of a call (``stop`` comes as LangChain's own argument); ``EXTRA_SAMPLING``
+holds the core's other sampling fields (top_k, min_p, the penalties, logit_bias, vLLM's
+end-of-reply fields)."""
 
 
 class ChatGPUPrompt(BaseChatModel):
@@ -166,6 +170,15 @@ class ChatGPUPrompt(BaseChatModel):
     """Strings that end a reply (not included in it)."""
     seed: int | None = None
     """Sampling seed for reproducible sampled replies."""
+    frequency_penalty: float = 0.0
+    """Penalise tokens by how often they appeared in the reply, in [-2, 2] (OpenAI semantics)."""
+    presence_penalty: float = 0.0
+    """Penalise tokens that appeared in the reply at all, in [-2, 2] (OpenAI semantics)."""
+    model_kwargs: dict[str, Any] = Field(default_factory=dict)
+    """Further sampling fields of every call, as ChatOpenAI's ``model_kwargs``: any of
+    ``gpuprompt.GenerationRequest``'s ``top_k``, ``min_p``, ``repetition_penalty``, ``logit_bias``,
+    ``stop_token_ids``, ``min_tokens``, ``ignore_eos``, ``include_stop_str_in_output``,
+    ``skip_special_tokens`` (a call's own keyword wins)."""
     timeout: float | None = None
     """Seconds a request may take before it is aborted in the engine and TimeoutError raised; in
     remote mode also the most seconds any request to the server waits for an answer (the model-list
@@ -213,6 +226,12 @@ class ChatGPUPrompt(BaseChatModel):
                 self.api_key = SecretStr(config.api_key)
         else:
             self._config()
+        unknown = sorted(set(self.model_kwargs) - set(EXTRA_SAMPLING))
+        if unknown:
+            raise ConfigurationError(
+                f"unknown 'model_kwargs' key(s) {unknown}; valid: {sorted(EXTRA_SAMPLING)} (the other settings are "
+                "fields of ChatGPUPrompt)."
+            )
         self._request([{"role": "user", "content": ""}], None, {})  # checks the sampling settings
 
     @property
@@ -320,6 +339,12 @@ class ChatGPUPrompt(BaseChatModel):
             "seed": self.seed,
             "truncate": self.truncate,
         }
+        # The other sampling settings, when set: they change the reply, so they part LangChain's cache keys.
+        for name in ("frequency_penalty", "presence_penalty"):
+            if getattr(self, name) != EXTRA_SAMPLING[name]:
+                params[name] = getattr(self, name)
+        if self.model_kwargs:
+            params["model_kwargs"] = dict(self.model_kwargs)
         if self._runtime is not None and self._runtime.remote:  # another server is another model instance
             params.update(backend="remote", base_url=redact(self._runtime.config.base_url))
         return params
@@ -355,7 +380,7 @@ class ChatGPUPrompt(BaseChatModel):
 
         unknown = sorted(set(kwargs) - _CALL_OPTIONS)
         if unknown:
-            valid = sorted(_CALL_OPTIONS - {"ls_structured_output_format", "stream"})
+            valid = sorted(_CALL_OPTIONS - {"ls_structured_output_format", "stream"} | {"stop"})
             raise InvalidInputError(f"ChatGPUPrompt got unexpected call option(s) {unknown}; valid: {valid}.")
         response_format = kwargs.get("response_format")
         if isinstance(response_format, type):  # a pydantic class / TypedDict, as ChatOpenAI takes it
@@ -371,6 +396,11 @@ class ChatGPUPrompt(BaseChatModel):
             raise InvalidInputError(
                 f"'tool_choice' {describe(kwargs['tool_choice'])} needs tools; bind them with bind_tools(tools, ...)."
             )
+        sampling = dict(self.model_kwargs)  # the fields win over model_kwargs, a call's keywords over both
+        for name in ("frequency_penalty", "presence_penalty"):
+            if getattr(self, name) != EXTRA_SAMPLING[name]:
+                sampling[name] = getattr(self, name)
+        sampling.update((name, kwargs[name]) for name in EXTRA_SAMPLING if name in kwargs)
         return GenerationRequest(
             messages=messages,
             max_tokens=kwargs.get("max_tokens", self.max_tokens),
@@ -381,6 +411,7 @@ class ChatGPUPrompt(BaseChatModel):
             priority=kwargs.get("priority", self.priority),
             response_format=response_format,
             truncate=kwargs.get("truncate", self.truncate),
+            **sampling,
             **tool_options,
         )
 

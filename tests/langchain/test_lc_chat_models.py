@@ -172,6 +172,33 @@ def test_tool_and_multi_turn_histories_are_accepted(lc_chat: ChatGPUPrompt) -> N
         lc_chat.invoke("Hello", temprature=0.5)
 
 
+def test_the_cores_sampling_fields_are_call_options_fields_and_model_kwargs(lc_chat: ChatGPUPrompt) -> None:
+    """What a ChatOpenAI app sets (frequency_penalty, presence_penalty, model_kwargs, stop_sequences)
+    and the core's other sampling fields reach the engine, and part LangChain's cache keys."""
+    from gpuprompt.llm import GenerationRequest
+
+    short = [{"role": "user", "content": "Say just the word yes."}]
+    [fixed] = lc_chat.engine.generate([GenerationRequest(messages=short, max_tokens=12, ignore_eos=True)])
+    assert fixed.usage.completion_tokens == 12
+    assert lc_chat.invoke("Say just the word yes.", max_tokens=12, ignore_eos=True).content == fixed.text
+    by_kwargs = ChatGPUPrompt(backend="transformers", max_tokens=12, model_kwargs={"ignore_eos": True})
+    assert by_kwargs.invoke("Say just the word yes.").content == fixed.text
+    assert by_kwargs.invoke("Say just the word yes.", ignore_eos=False).content != fixed.text  # the call wins
+    repeat = "Repeat after me forever: la la la la la la la la la la"
+    [penalised] = lc_chat.engine.generate([GenerationRequest(messages=[{"role": "user", "content": repeat}],
+                                                             max_tokens=24, frequency_penalty=2.0, top_k=5)])
+    chat = ChatGPUPrompt(backend="transformers", max_tokens=24, frequency_penalty=2.0, model_kwargs={"top_k": 5})
+    assert chat.invoke(repeat).content == penalised.text
+    assert chat._get_llm_string() != ChatGPUPrompt(backend="transformers", max_tokens=24)._get_llm_string()
+    assert ChatGPUPrompt(backend="transformers", stop_sequences=["\n"]).stop == ["\n"]
+    with pytest.raises(ConfigurationError, match=r"unknown 'model_kwargs' key\(s\) \['n'\]"):
+        ChatGPUPrompt(backend="transformers", model_kwargs={"n": 2})
+    with pytest.raises(InvalidInputError, match="'frequency_penalty'"):
+        ChatGPUPrompt(backend="transformers", frequency_penalty=3.0)
+    with pytest.raises(InvalidInputError, match=r"valid: \[.*'stop'"):
+        lc_chat.invoke("Hello", n=2)
+
+
 def test_bind_tools_validates_tool_choice(lc_chat: ChatGPUPrompt) -> None:
     @tool
     def order_status(order_id: int) -> str:
