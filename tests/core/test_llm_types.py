@@ -214,7 +214,8 @@ def test_empty_prompt_is_refused(formatter) -> None:
     [
         # the stop string that ends first wins, whatever starts first or comes first in the list
         (("Yes", "e"), ["Yes"], (1, "e")),
-        (("abc", "bc", "c"), ["xabc"], (3, "c")),
+        (("abcd", "bc"), ["xabcd"], (2, "bc")),
+        (("abc", "bc", "c"), ["xabcd"], (1, "abc")),  # all three end together
         # a tie in where they end goes to the earlier in the list
         (("bc", "abc"), ["xabc"], (2, "bc")),
         (("abc", "bc"), ["xabc"], (1, "abc")),
@@ -223,7 +224,7 @@ def test_empty_prompt_is_refused(formatter) -> None:
         (("a",), ["xa", "by"], (1, "a")),
     ],
 )
-def test_stop_scanner_matches_as_vllm(stops, pieces, expected) -> None:
+def test_stop_scanner_matches_the_stop_that_ends_first(stops, pieces, expected) -> None:
     from gpuprompt.llm._job import StopScanner
 
     scanner, text, found = StopScanner(stops), "", None

@@ -622,8 +622,7 @@ def _to_delta(event: Text | End | Failure) -> StreamDelta:
     if isinstance(event, Text):
         return StreamDelta(event.text, tool_calls=event.tool_calls)
     if isinstance(event, End):
-        return StreamDelta("", finish_reason=event.result.finish_reason, usage=event.result.usage,
-                           stop_reason=event.result.stop_reason)
+        return StreamDelta.closing(event.result)
     raise event.error
 
 

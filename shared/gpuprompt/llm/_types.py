@@ -159,6 +159,11 @@ class StreamDelta:
     tool_calls: tuple[ToolCallDelta, ...] = ()
     stop_reason: int | str | None = None
 
+    @classmethod
+    def closing(cls, result: GenerationResult) -> StreamDelta:
+        """The last delta of a stream whose whole reply is ``result`` (its end, no new text)."""
+        return cls("", finish_reason=result.finish_reason, usage=result.usage, stop_reason=result.stop_reason)
+
 
 @dataclass(frozen=True)
 class EngineStats:
