@@ -186,10 +186,10 @@ def test_the_cores_sampling_fields_are_call_options_fields_and_model_kwargs(lc_c
     assert by_kwargs.invoke("Say just the word yes.", ignore_eos=False).content != fixed.text  # the call wins
     repeat = "Repeat after me forever: la la la la la la la la la la"
     [penalised] = lc_chat.engine.generate([GenerationRequest(messages=[{"role": "user", "content": repeat}],
-                                                             max_tokens=24, frequency_penalty=2.0, top_k=5)])
-    chat = ChatGPUPrompt(backend="transformers", max_tokens=24, frequency_penalty=2.0, model_kwargs={"top_k": 5})
+                                                             max_tokens=12, frequency_penalty=2.0, top_k=5)])
+    chat = ChatGPUPrompt(backend="transformers", max_tokens=12, frequency_penalty=2.0, model_kwargs={"top_k": 5})
     assert chat.invoke(repeat).content == penalised.text
-    assert chat._get_llm_string() != ChatGPUPrompt(backend="transformers", max_tokens=24)._get_llm_string()
+    assert chat._get_llm_string() != ChatGPUPrompt(backend="transformers", max_tokens=12)._get_llm_string()
     assert ChatGPUPrompt(backend="transformers", stop_sequences=["\n"]).stop == ["\n"]
     with pytest.raises(ConfigurationError, match=r"unknown 'model_kwargs' key\(s\) \['n'\]"):
         ChatGPUPrompt(backend="transformers", model_kwargs={"n": 2})

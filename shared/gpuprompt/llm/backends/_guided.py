@@ -28,7 +28,8 @@ from typing import Any
 from gpuprompt.errors import DependencyError, InvalidInputError
 
 __all__ = ["COMPACT", "GrammarCache", "GuidedProcessor", "MinTokensProcessor", "PenaltyProcessor",
-           "answer_or_calls_grammar", "check_constraint", "choice_grammar", "constraints_to_check", "decoding_constraint"]
+           "answer_or_calls_grammar", "check_constraint", "choice_grammar", "constraints_to_check",
+           "decoding_constraint"]
 
 _FIELDS = {"json": "response_format", "json_object": "response_format", "regex": "guided_regex",
            "choice": "guided_choice", "grammar": "tools"}
