@@ -339,12 +339,7 @@ class ChatGPUPrompt(BaseChatModel):
             "seed": self.seed,
             "truncate": self.truncate,
         }
-        # The other sampling settings, when set: they change the reply, so they part LangChain's cache keys.
-        for name in ("frequency_penalty", "presence_penalty"):
-            if getattr(self, name) != EXTRA_SAMPLING[name]:
-                params[name] = getattr(self, name)
-        if self.model_kwargs:
-            params["model_kwargs"] = dict(self.model_kwargs)
+        params.update(self._sampling())  # the other sampling settings change the reply: they part cache keys
         if self._runtime is not None and self._runtime.remote:  # another server is another model instance
             params.update(backend="remote", base_url=redact(self._runtime.config.base_url))
         return params
@@ -373,6 +368,15 @@ class ChatGPUPrompt(BaseChatModel):
         return self.engine.count_tokens(core_messages(messages), tools=formatted)
 
     # ------------------------------------------------------------------ request building
+    def _sampling(self) -> dict[str, Any]:
+        """The core's sampling fields this model sets beyond their defaults: ``model_kwargs``, then
+        the ``frequency_penalty`` / ``presence_penalty`` fields over them."""
+        sampling = dict(self.model_kwargs)
+        for name in ("frequency_penalty", "presence_penalty"):
+            if getattr(self, name) != EXTRA_SAMPLING[name]:
+                sampling[name] = getattr(self, name)
+        return sampling
+
     def _request(
         self, messages: list[dict[str, Any]], stop: list[str] | None, kwargs: dict[str, Any]
     ) -> GenerationRequest:
@@ -396,11 +400,8 @@ class ChatGPUPrompt(BaseChatModel):
             raise InvalidInputError(
                 f"'tool_choice' {describe(kwargs['tool_choice'])} needs tools; bind them with bind_tools(tools, ...)."
             )
-        sampling = dict(self.model_kwargs)  # the fields win over model_kwargs, a call's keywords over both
-        for name in ("frequency_penalty", "presence_penalty"):
-            if getattr(self, name) != EXTRA_SAMPLING[name]:
-                sampling[name] = getattr(self, name)
-        sampling.update((name, kwargs[name]) for name in EXTRA_SAMPLING if name in kwargs)
+        sampling = self._sampling()
+        sampling.update((name, kwargs[name]) for name in EXTRA_SAMPLING if name in kwargs)  # a call's own win
         return GenerationRequest(
             messages=messages,
             max_tokens=kwargs.get("max_tokens", self.max_tokens),

@@ -2,6 +2,6 @@
 
 from __future__ import annotations
 
-from support.live import STARTUP_TIMEOUT_S, LiveServer, start_server, wait_until
+from support.live import STARTUP_TIMEOUT_S, LiveServer, metric_samples, start_server, wait_until
 
-__all__ = ["STARTUP_TIMEOUT_S", "LiveServer", "start_server", "wait_until"]
+__all__ = ["STARTUP_TIMEOUT_S", "LiveServer", "metric_samples", "start_server", "wait_until"]

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
-from server_helpers import LiveServer, start_server, wait_until
+from server_helpers import LiveServer, metric_samples, start_server, wait_until
 
 STORY = [{"role": "user", "content": "Tell me a long story about a red dress and a wedding."}]
 
@@ -133,14 +133,6 @@ def test_an_embedding_client_that_goes_away_takes_its_texts_out_of_the_queue(ser
         embedder.close()
 
 
-def _gauge(http: httpx.Client, name: str) -> float:
-    """A gauge's value in the server's Prometheus text."""
-    for line in http.get("/metrics").text.splitlines():
-        if line.startswith(name + " "):
-            return float(line.split()[1])
-    raise AssertionError(f"{name} is not in /metrics")
-
-
 def test_a_rerank_client_that_goes_away_takes_its_pairs_out_of_the_queue(embedder, server_llm,
                                                                           cross_encoder_path: str) -> None:
     from gpuprompt import Reranker
@@ -160,7 +152,7 @@ def test_a_rerank_client_that_goes_away_takes_its_pairs_out_of_the_queue(embedde
         # they wait in the queue (then the queued ones are cancelled). Either way the queue drains
         # without scoring them all.
         with server.client() as http:
-            assert wait_until(lambda: _gauge(http, "gpuprompt_http_in_flight") == 0)
+            assert wait_until(lambda: metric_samples(http)[("gpuprompt_http_in_flight", ())] == 0)
         stats = reranker.stats()
         assert stats.batcher.queue_depth == 0 and stats.scored < len(documents), stats
         with server.client() as http:

@@ -2,18 +2,7 @@
 
 from __future__ import annotations
 
-from prometheus_client.parser import text_string_to_metric_families
-
-
-def _samples(http) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    response = http.get("/metrics")
-    assert response.status_code == 200
-    assert response.headers["content-type"].startswith("text/plain")
-    out = {}
-    for family in text_string_to_metric_families(response.text):
-        for sample in family.samples:
-            out[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
-    return out
+from server_helpers import metric_samples as _samples
 
 
 def test_health_reports_what_is_served(http, server_llm, embedder) -> None:

@@ -15,7 +15,7 @@ from typing import Any
 
 import httpx
 import pytest
-from server_helpers import LiveServer, start_server, wait_until
+from server_helpers import LiveServer, metric_samples, start_server, wait_until
 
 from gpuprompt.batching import PRIORITY_MAX, PRIORITY_MIN
 
@@ -511,14 +511,8 @@ def test_an_unexpected_500_is_counted_in_the_metrics(live, monkeypatch) -> None:
         raise RuntimeError("an unexpected bug")
 
     def served_500s(http: httpx.Client) -> float:
-        for line in http.get("/metrics").text.splitlines():
-            if (
-                line.startswith("gpuprompt_http_requests_total{")
-                and 'route="/v1/embeddings"' in line
-                and 'status="500"' in line
-            ):
-                return float(line.rsplit(" ", 1)[1])
-        return 0.0
+        key = ("gpuprompt_http_requests_total", (("method", "POST"), ("route", "/v1/embeddings"), ("status", "500")))
+        return metric_samples(http).get(key, 0.0)
 
     with live.client() as http:
         before = served_500s(http)

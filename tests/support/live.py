@@ -67,6 +67,17 @@ def start_server(**kwargs: Any) -> LiveServer:
     return LiveServer(create_app(**kwargs)).start()
 
 
+def metric_samples(http: httpx.Client) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """The server's ``/metrics``, parsed by prometheus_client: ``(name, sorted labels) -> value``."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    response = http.get("/metrics")
+    assert response.status_code == 200
+    assert response.headers["content-type"].startswith("text/plain")
+    return {(sample.name, tuple(sorted(sample.labels.items()))): sample.value
+            for family in text_string_to_metric_families(response.text) for sample in family.samples}
+
+
 def wait_until(predicate: Any, timeout: float = 30.0, interval: float = 0.05) -> bool:
     """Poll ``predicate`` until true or ``timeout`` seconds pass; return its last value."""
     deadline = time.monotonic() + timeout
